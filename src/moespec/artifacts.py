@@ -1,0 +1,135 @@
+"""Versioned JSON artifacts: atomic write, load with a schema check, and resumable point logs.
+
+An artifact is one JSON object with a header (`kind`, `schema_version`, `created`, `machine`,
+`command`) and a `payload`. Long measurements also keep a JSON-lines point log beside the artifact
+(`<name>.points.jsonl`): each finished point is appended and flushed at once, so an interrupted run
+loses at most the point it was measuring and resumes by skipping the keys already there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA_VERSION = 1
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: numpy scalars and arrays to Python, non-finite floats to None."""
+    if hasattr(value, "to_dict") and callable(value.to_dict):
+        return _clean(value.to_dict())
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "tolist"):
+        return _clean(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def dump_json(path: str | Path, obj: Any) -> Path:
+    """Write `obj` as JSON atomically: a temporary file in the same folder, then a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(_clean(obj), f, indent=1, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write(path: str | Path, kind: str, payload: Any, *, machine: dict | None = None) -> Path:
+    """Write an artifact of `kind` with the standard header around `payload`."""
+    if machine is None:
+        from moespec.device import machine_info
+
+        machine = machine_info()
+    doc = {
+        "kind": kind,
+        "schema_version": SCHEMA_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join(sys.argv),
+        "machine": machine,
+        "payload": payload,
+    }
+    return dump_json(path, doc)
+
+
+def load(path: str | Path, kind: str) -> dict:
+    """Read an artifact and check its kind and schema version; returns the whole document."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no {kind} artifact at {path}; create it with `moespec {kind}`")
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); delete it and run `moespec {kind}` again") from e
+    if not isinstance(doc, dict) or "payload" not in doc:
+        raise ValueError(f"{path} is not a moespec artifact (no header/payload)")
+    if doc.get("kind") != kind:
+        raise ValueError(f"{path} holds a {doc.get('kind')!r} artifact, expected {kind!r}")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(
+            f"{path} has schema version {doc.get('schema_version')}, this moespec reads "
+            f"{SCHEMA_VERSION}; run `moespec {kind}` again to regenerate it"
+        )
+    return doc
+
+
+class PointLog:
+    """Append-only JSON-lines log of finished measurement points, keyed for resumption.
+
+    >>> log = PointLog("out/measure.points.jsonl")
+    >>> if not log.has(key): log.append(key, result)
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._points: dict[str, Any] = {}
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    break  # a line cut by an interruption: that point is measured again
+                self._points[row["key"]] = row["value"]
+
+    @staticmethod
+    def _key(key: Any) -> str:
+        return key if isinstance(key, str) else json.dumps(_clean(key), sort_keys=True)
+
+    def has(self, key: Any) -> bool:
+        return self._key(key) in self._points
+
+    def get(self, key: Any) -> Any:
+        return self._points[self._key(key)]
+
+    def append(self, key: Any, value: Any) -> None:
+        k = self._key(key)
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"key": k, "value": _clean(value)}, allow_nan=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self._points[k] = _clean(value)
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        return iter(self._points.items())

@@ -1,0 +1,1 @@
+"""Measurement: timing, the expert-operation benchmark, verify times, sweeps, the losslessness gate."""

@@ -1,0 +1,1 @@
+"""Thin typer commands: parse, call one library function, write an artifact, print a table."""

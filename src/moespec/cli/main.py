@@ -1,0 +1,12 @@
+"""Entry point: import every command module (each registers itself on `app`), then run."""
+
+from moespec.cli import generate, models, theory, traces  # noqa: F401  (registration by import)
+from moespec.cli.app import app
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

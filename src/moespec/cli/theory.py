@@ -1,0 +1,3 @@
+"""moespec theory (being written)."""
+
+from moespec.cli.app import app  # noqa: F401

@@ -1,0 +1,1 @@
+"""Lossless speculative decoding: sampling, cached models, proposers, the decode loop, statistics."""

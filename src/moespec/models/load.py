@@ -1,0 +1,51 @@
+"""Model spec strings: `synthetic:NAME` or a local checkpoint folder. Nothing is downloaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from moespec.device import resolve_device, resolve_dtype
+from moespec.models import synthetic
+
+SYNTHETIC_PREFIX = "synthetic:"
+
+
+def load(
+    spec: str,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = "cpu",
+    seed: int = 0,
+    layers: int | None = None,
+    experts_implementation: str | None = None,
+):
+    """(model, tokenizer) for a spec string.
+
+    `synthetic:NAME` builds a seeded preset (`layers` overrides its depth); anything else must be
+    a local folder holding a transformers checkpoint, loaded with `local_files_only=True`.
+    """
+    if spec.startswith(SYNTHETIC_PREFIX):
+        name = spec[len(SYNTHETIC_PREFIX):]
+        model, tok = synthetic.build(name, seed=seed, layers=layers, dtype=dtype)
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_dir():
+            raise ValueError(
+                f"model {spec!r} is neither a local checkpoint folder nor a synthetic preset; use a path "
+                f"to a folder with config.json, or one of: "
+                + ", ".join(SYNTHETIC_PREFIX + n for n in synthetic.preset_names())
+            )
+        if not (path / "config.json").exists():
+            raise ValueError(f"{path} has no config.json; point --model at a transformers checkpoint folder")
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if layers is not None:
+            raise ValueError("layers= applies to synthetic presets only; a checkpoint keeps its depth")
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=resolve_dtype(dtype))
+        model.eval().requires_grad_(False)
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if experts_implementation is not None:
+        model.set_experts_implementation(experts_implementation)
+    return model.to(resolve_device(device)), tok

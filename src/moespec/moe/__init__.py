@@ -1,0 +1,1 @@
+"""Expert kernels, their registration in transformers, and routing traces."""
