@@ -1,0 +1,148 @@
+"""The one timer of the project: repeated wall-clock timing with warm-up, cache flush and sync.
+
+Every measurement in moespec goes through `measure`, so the protocol of the cost-model paper
+(App. D: warm-up, a cache flush larger than the last-level cache before every timed call, a device
+synchronize, the median and interquartile range over repetitions, every raw sample kept) lives in
+one place. `read_bandwidth` gives the machine's streaming read bandwidth, the roof of Figure 2.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from moespec.device import last_level_cache_bytes, resolve_device, synchronize
+
+MIN_FLUSH_BYTES = 256 * 1024**2
+
+
+def _quantile(sorted_samples: tuple[float, ...], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default) of already sorted samples."""
+    if not sorted_samples:
+        raise ValueError("no samples: time at least one repetition (reps >= 1)")
+    pos = q * (len(sorted_samples) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_samples) - 1)
+    return sorted_samples[lo] + (sorted_samples[hi] - sorted_samples[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Raw wall-clock samples of one timed call, in seconds, with their summary statistics."""
+
+    samples: tuple[float, ...]
+
+    def __post_init__(self):
+        if not self.samples:
+            raise ValueError("Timing needs at least one sample; time with reps >= 1")
+        object.__setattr__(self, "samples", tuple(float(s) for s in self.samples))
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.samples))
+
+    @property
+    def q1(self) -> float:
+        return _quantile(tuple(sorted(self.samples)), 0.25)
+
+    @property
+    def q3(self) -> float:
+        return _quantile(tuple(sorted(self.samples)), 0.75)
+
+    @property
+    def iqr(self) -> float:
+        return self.q3 - self.q1
+
+    @property
+    def reps(self) -> int:
+        return len(self.samples)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "samples": list(self.samples),
+            "median": self.median,
+            "q1": self.q1,
+            "q3": self.q3,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Timing":
+        return cls(samples=tuple(d["samples"]))
+
+
+class CacheFlusher:
+    """Evicts the last-level cache by writing and reading a buffer larger than it.
+
+    The default size is twice the LLC that the machine reports, and at least 256 MiB (also the size
+    used where the LLC cannot be read), so no byte of the timed operation survives in cache.
+    """
+
+    def __init__(self, nbytes: int | None = None, device: torch.device | str | None = None):
+        if nbytes is None:
+            llc = last_level_cache_bytes() or 0
+            nbytes = max(2 * llc, MIN_FLUSH_BYTES)
+        if nbytes <= 0:
+            raise ValueError(f"flush buffer size must be positive, got nbytes={nbytes}")
+        self.nbytes = int(nbytes)
+        self.device = resolve_device(device)
+        # int64 words: the buffer holds ceil(nbytes / 8) of them
+        self._buffer = torch.zeros((self.nbytes + 7) // 8, dtype=torch.int64, device=self.device)
+
+    def __call__(self) -> None:
+        self._buffer.add_(1)
+        synchronize(self.device)
+
+
+def measure(
+    fn: Callable[[], Any],
+    *,
+    reps: int = 20,
+    warmup: int = 3,
+    flush: Callable[[], None] | None = None,
+    device: torch.device | str | None = None,
+) -> Timing:
+    """Time `fn()` `reps` times after `warmup` untimed calls (App. D protocol).
+
+    `flush`, when given, runs before every call (warm-up and timed) outside the timed interval; the
+    device is synchronized before the clock starts and before it stops.
+    """
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    device = resolve_device(device)
+    for _ in range(warmup):
+        if flush is not None:
+            flush()
+        fn()
+    synchronize(device)
+    samples = []
+    for _ in range(reps):
+        if flush is not None:
+            flush()
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        samples.append(time.perf_counter() - start)
+    return Timing(samples=tuple(samples))
+
+
+def read_bandwidth(
+    nbytes: int = 512_000_000, reps: int = 5, device: torch.device | str | None = None
+) -> float:
+    """Streaming read bandwidth in bytes/s: the median time to sum a buffer of `nbytes` (STREAM-like).
+
+    The buffer is far larger than the LLC, so each pass reads it from memory; this is the roof
+    that Figure 2 draws above the kernels' effective bandwidths.
+    """
+    if nbytes < 4:
+        raise ValueError(f"nbytes must be at least one float32 (4 bytes), got {nbytes}")
+    device = resolve_device(device)
+    buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    timing = measure(lambda: buffer.sum(), reps=reps, warmup=1, device=device)
+    return buffer.numel() * 4 / timing.median

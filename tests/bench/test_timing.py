@@ -1,0 +1,71 @@
+"""Tests of the one timer: structure and statistics of Timing, the flush buffer, the protocol."""
+
+import numpy as np
+import pytest
+
+from moespec.bench.timing import MIN_FLUSH_BYTES, CacheFlusher, Timing, measure, read_bandwidth
+from moespec.device import last_level_cache_bytes
+
+
+def test_timing_statistics_match_numpy():
+    samples = (0.5, 0.1, 0.4, 0.2, 0.3, 0.9, 0.7)
+    t = Timing(samples=samples)
+    assert t.median == pytest.approx(np.median(samples))
+    assert t.q1 == pytest.approx(np.percentile(samples, 25))
+    assert t.q3 == pytest.approx(np.percentile(samples, 75))
+    assert t.iqr == pytest.approx(np.percentile(samples, 75) - np.percentile(samples, 25))
+    assert t.reps == len(samples)
+
+
+def test_timing_roundtrip_keeps_raw_samples_in_order():
+    t = Timing(samples=(3.0, 1.0, 2.0))
+    back = Timing.from_dict(t.to_dict())
+    assert back == t
+    assert back.samples == (3.0, 1.0, 2.0)
+    assert t.to_dict()["median"] == 2.0
+
+
+def test_timing_is_frozen_and_needs_samples():
+    t = Timing(samples=(1.0,))
+    with pytest.raises(AttributeError):
+        t.samples = (2.0,)
+    with pytest.raises(ValueError, match="reps >= 1"):
+        Timing(samples=())
+
+
+def test_measure_calls_warmup_plus_reps_and_flushes_before_each():
+    events = []
+    t = measure(lambda: events.append("call"), reps=5, warmup=2, flush=lambda: events.append("flush"))
+    assert t.reps == 5
+    assert events == ["flush", "call"] * 7
+    assert all(s >= 0 for s in t.samples)
+    assert t.q1 <= t.median <= t.q3
+
+
+def test_measure_rejects_bad_counts():
+    with pytest.raises(ValueError, match="reps"):
+        measure(lambda: None, reps=0)
+    with pytest.raises(ValueError, match="warmup"):
+        measure(lambda: None, warmup=-1)
+
+
+def test_flusher_default_is_twice_llc_and_at_least_256_mib():
+    flusher = CacheFlusher()
+    llc = last_level_cache_bytes() or 0
+    assert flusher.nbytes == max(2 * llc, MIN_FLUSH_BYTES)
+    assert flusher.nbytes >= 256 * 1024**2
+    assert flusher._buffer.numel() * flusher._buffer.element_size() >= flusher.nbytes
+
+
+def test_flusher_touches_every_word():
+    flusher = CacheFlusher(nbytes=1000)
+    flusher()
+    flusher()
+    assert int(flusher._buffer.min()) == 2 and int(flusher._buffer.max()) == 2
+    with pytest.raises(ValueError, match="nbytes"):
+        CacheFlusher(nbytes=0)
+
+
+def test_read_bandwidth_is_positive_and_finite():
+    bw = read_bandwidth(nbytes=4_000_000, reps=3)
+    assert bw > 0 and np.isfinite(bw)
