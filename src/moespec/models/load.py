@@ -8,6 +8,7 @@ import torch
 
 from moespec.device import resolve_device, resolve_dtype
 from moespec.models import synthetic
+from moespec.models.tokenizer import MARKER_FILE, ByteTokenizer
 
 SYNTHETIC_PREFIX = "synthetic:"
 
@@ -45,7 +46,10 @@ def load(
             raise ValueError("layers= applies to synthetic presets only; a checkpoint keeps its depth")
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=resolve_dtype(dtype))
         model.eval().requires_grad_(False)
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if (path / MARKER_FILE).exists():
+            tok = ByteTokenizer()
+        else:
+            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if experts_implementation is not None:
         model.set_experts_implementation(experts_implementation)
     return model.to(resolve_device(device)), tok

@@ -6,11 +6,14 @@ follow. Every preset uses this one tokenizer, which is why any preset can draft 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
 BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
+MARKER_FILE = "moespec_tokenizer.json"  # marks a checkpoint folder that uses this tokenizer
 SPECIALS = {"<bos>": BOS_ID, "<eos>": EOS_ID, "<pad>": PAD_ID}
 
 
@@ -48,6 +51,10 @@ class ByteTokenizer:
         vocab = {f"<0x{i:02X}>": i for i in range(256)}
         vocab.update(SPECIALS)
         return vocab
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Mark a checkpoint folder as using this tokenizer (there is nothing else to save)."""
+        Path(path, MARKER_FILE).write_text(json.dumps({"tokenizer": "moespec-bytes", "vocab_size": self.vocab_size}))
 
     def __len__(self) -> int:
         return self.vocab_size
