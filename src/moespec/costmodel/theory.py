@@ -43,6 +43,13 @@ def is_exact(x) -> bool:
     return isinstance(x, (int, Fraction)) and not isinstance(x, bool)
 
 
+def exact_div(x, y):
+    """x / y, kept exact (a Fraction) when both are int or Fraction; ordinary division otherwise."""
+    if is_exact(x) and is_exact(y):
+        return Fraction(x) / Fraction(y)
+    return x / y
+
+
 def check_positive(name: str, x, *, allow_zero: bool = False):
     """`x` as a number (or float array), checked finite and > 0 (>= 0 with allow_zero)."""
     bound = ">= 0" if allow_zero else "> 0"
@@ -109,14 +116,14 @@ def throughput(V: Sequence, a, k: int):
     """T_a(k) = G_a(k) / V(k), tokens per unit time (Sec. 1)."""
     V = check_step_times(V)
     k = _check_k("k", k, len(V) - 1)
-    return expected_tokens(a, k) / V[k]
+    return exact_div(expected_tokens(a, k), V[k])
 
 
 def speedup(V: Sequence, a, k: int):
     """T_a(k) / T_a(0) = G_a(k) V(0) / V(k), eq. (9) = (B.17)."""
     V = check_step_times(V)
     k = _check_k("k", k, len(V) - 1)
-    return expected_tokens(a, k) * V[0] / V[k]
+    return exact_div(expected_tokens(a, k) * V[0], V[k])
 
 
 def best_draft_length(V: Sequence, a) -> int:
@@ -165,7 +172,7 @@ def first_draft_threshold(V: Sequence):
     V = check_step_times(V)
     if len(V) < 2:
         raise ValueError(f"first_draft_threshold needs V(0) and V(1); got {len(V)} step time(s)")
-    return (Fraction(V[1], V[0]) if is_exact(V[0]) else V[1] / V[0]) - 1
+    return exact_div(V[1], V[0]) - 1
 
 
 def _sign_at_dyadic(coeffs: list[int], m: int, b: int) -> int:
@@ -269,7 +276,7 @@ def h_j(a, j: int):
     a = check_acceptance(a)
     if isinstance(j, bool) or not isinstance(j, (Integral, np.integer)) or j < 1:
         raise ValueError(f"j = {j!r} must be an int >= 1")
-    return a**j / expected_tokens(a, int(j) - 1)
+    return exact_div(a**j, expected_tokens(a, int(j) - 1))
 
 
 def two_neighbour_test(V: Sequence, a, j: int) -> bool:
@@ -295,7 +302,7 @@ def convex_step_points(V: Sequence) -> list:
         raise ValueError(f"convex_step_points needs 0 <= c_1 <= ... <= c_kmax; increments are {increments(V)}")
     if len(V) < 2:
         return []
-    c1 = Fraction(V[1] - V[0], V[0]) if is_exact(V[0]) else (V[1] - V[0]) / V[0]
+    c1 = exact_div(V[1] - V[0], V[0])
     return [min(c1, 1 if is_exact(c1) else 1.0)] + [alpha(V, j, j - 1) for j in range(2, len(V))]
 
 
