@@ -1,0 +1,190 @@
+"""The draft-verify loop (engine paper Algorithm 1 and Sec. 4, Cache choreography).
+
+Invariant between rounds, with the committed sequence s of length L (prompt + new tokens): the
+target's cache holds s[:L-1] and the proposer's state a prefix of s. A round proposes x_1..x_k',
+extends the target once with [s[L-1], x_1..x_k'], so that its k'+1 logit rows are p_1..p_{k'+1}
+(row i predicts x_{i+1}), runs the accept walk, commits a accepted drafts and one recovered or
+bonus token, and truncates both caches back to the committed prefix. k = 0 or no draft is plain
+decoding through the same code: every round is then one target token.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from moespec.device import peak_rss_bytes, synchronize
+from moespec.engine.cached import CachedModel
+from moespec.engine.proposers import DraftModel
+from moespec.engine.sampling import Sampler, SamplingConfig
+from moespec.engine.stats import GenerationResult, Stats
+
+
+def check_pairing(target_tok, draft_tok, *, probe: int = 4096) -> None:
+    """Raise ValueError unless the two tokenizers map the same ids to the same tokens.
+
+    Compares `get_vocab()` where both have it; otherwise round-trips the first `probe` ids through
+    `decode`. The error names the first differing ids.
+    """
+    if hasattr(target_tok, "get_vocab") and hasattr(draft_tok, "get_vocab"):
+        tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+        t_by_id = {i: s for s, i in tv.items()}
+        d_by_id = {i: s for s, i in dv.items()}
+        ids = sorted(set(t_by_id) | set(d_by_id))
+        diff = [i for i in ids if t_by_id.get(i) != d_by_id.get(i)]
+    else:
+        n = min(len(target_tok), len(draft_tok), probe)
+        diff = [i for i in range(n) if target_tok.decode([i]) != draft_tok.decode([i])]
+        t_by_id = {i: target_tok.decode([i]) for i in diff[:5]}
+        d_by_id = {i: draft_tok.decode([i]) for i in diff[:5]}
+    if diff:
+        shown = ", ".join(f"id {i}: target {t_by_id.get(i)!r} vs draft {d_by_id.get(i)!r}" for i in diff[:5])
+        raise ValueError(
+            f"draft and target tokenizers disagree on {len(diff)} ids (first: {shown}); "
+            f"pair models that share one tokenizer"
+        )
+
+
+def _as_prompt(input_ids) -> torch.Tensor:
+    """input_ids (list of ints, [P] or [1, P] tensor) -> [P] int64 CPU tensor."""
+    ids = torch.as_tensor(input_ids, dtype=torch.long).cpu()
+    if ids.dim() == 2:
+        if ids.shape[0] != 1:
+            raise ValueError(f"generate() decodes one sequence; got input_ids of shape {tuple(ids.shape)}")
+        ids = ids[0]
+    if ids.dim() != 1:
+        raise ValueError(f"input_ids must be [P] or [1, P], got shape {tuple(ids.shape)}")
+    if ids.numel() == 0:
+        raise ValueError("input_ids is empty; pass at least one prompt token (e.g. the BOS id)")
+    return ids
+
+
+def _as_proposer(draft):
+    if draft is None or hasattr(draft, "propose"):
+        return draft
+    if hasattr(draft, "extend") or hasattr(draft, "config"):
+        return DraftModel(draft)
+    raise TypeError(
+        f"draft must be None, a causal LM, or a proposer (DraftModel, PromptLookup, OracleDraft); "
+        f"got {type(draft).__name__}"
+    )
+
+
+def generate(
+    target,
+    input_ids: Sequence[int] | torch.Tensor,
+    *,
+    draft=None,
+    k: int = 4,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int = 128,
+    eos_token_id: int | Sequence[int] | None = None,
+    seed: int = 0,
+    vocab_limit: int | None = None,
+) -> GenerationResult:
+    """Lossless speculative decoding of `target` from `input_ids`.
+
+    target: a transformers causal LM (or a CachedModel). draft: None (plain decoding), a causal LM
+    (wrapped as DraftModel) or a proposer. k: drafts per round (0 = plain decoding). Sampling is
+    temperature/top-k/top-p target sampling, greedy at temperature 0, seeded by `seed`.
+    vocab_limit: ids >= vocab_limit are never produced (the tokenizer's length when the output
+    layer is padded); default: the shared logit width. Stops after exactly `max_new_tokens` tokens
+    or at an EOS (kept in the output), whichever comes first.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be an int >= 0 (0 = plain decoding), got {k!r}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    config = SamplingConfig(temperature=float(temperature), top_k=top_k, top_p=top_p)
+    prompt = _as_prompt(input_ids)
+    P = prompt.shape[0]
+    eos = set() if eos_token_id is None else {int(eos_token_id)} if isinstance(eos_token_id, int) else set(eos_token_id)
+    tgt = target if isinstance(target, CachedModel) or hasattr(target, "extend") else CachedModel(target)
+    tgt.reset()
+    proposer = _as_proposer(draft) if k > 0 else None
+    width = tgt.width
+    if isinstance(proposer, DraftModel):
+        width = min(width, proposer.width)
+    sampler = Sampler(config, width=width, vocab_limit=vocab_limit, seed=seed)
+    if proposer is not None:
+        proposer.begin(target=tgt, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler)
+        tgt.forward_s = 0.0
+
+    seq = torch.empty(P + max_new_tokens + k + 1, dtype=torch.long)  # committed tokens, then room for a round
+    seq[:P] = prompt
+    L = P
+    drafted, reached, accepted = [0] * k, [0] * k, [0] * k
+    per_round: list[int] = []
+    draft_s = verify_s = sampling_s = 0.0
+    stop = "max_new_tokens"
+    empty = seq[:0]
+    device = tgt.device if hasattr(tgt, "device") else None
+    synchronize(device)
+    t_start = time.perf_counter()
+    ttft = 0.0
+    if P > 1 and max_new_tokens > 0:
+        tgt.extend(prompt[:-1])
+        verify_s += time.perf_counter() - t_start
+    while L - P < max_new_tokens:
+        kk = min(k, max_new_tokens - (L - P) - 1)  # a round emits up to kk+1 tokens: never past the budget
+        t0 = time.perf_counter()
+        x, q = proposer.propose(seq[:L], kk) if proposer is not None and kk > 0 else (empty, None)
+        t1 = time.perf_counter()
+        n = x.shape[0]
+        logits = tgt.extend(torch.cat((seq[L - 1: L], x)) if n else seq[L - 1: L])  # [n+1, V]
+        t2 = time.perf_counter()
+        a, nxt = sampler.verify(sampler.prepare(logits), x, q)
+        t3 = time.perf_counter()
+        seq[L: L + a] = x[:a]
+        seq[L + a] = nxt
+        new = a + 1
+        if eos:
+            emitted = seq[L: L + new].tolist()
+            hit = next((j for j, tok in enumerate(emitted) if tok in eos), None)
+            if hit is not None:
+                new, a, stop = hit + 1, min(a, hit), "eos"
+        tgt.truncate(L + new - 1)
+        if proposer is not None:
+            proposer.commit(L + a)
+        for i in range(n):
+            drafted[i] += 1
+        for i in range(min(a + 1, n)):
+            reached[i] += 1
+        for i in range(a):
+            accepted[i] += 1
+        L += new
+        per_round.append(new)
+        draft_s += t1 - t0
+        verify_s += t2 - t1
+        sampling_s += t3 - t2
+        if ttft == 0.0:
+            ttft = time.perf_counter() - t_start
+        if stop == "eos":
+            break
+    synchronize(device)
+    total = time.perf_counter() - t_start
+
+    draft_cached = getattr(proposer, "cached", None)
+    stats = Stats(
+        k=k,
+        prompt_tokens=P,
+        new_tokens=L - P,
+        stop_reason=stop,
+        tokens_per_round=tuple(per_round),
+        drafted_by_position=tuple(drafted),
+        reached_by_position=tuple(reached),
+        accepted_by_position=tuple(accepted),
+        total_s=total,
+        ttft_s=ttft,
+        draft_s=draft_s,
+        verify_s=verify_s,
+        sampling_s=sampling_s,
+        target_forward_s=tgt.forward_s,
+        draft_forward_s=draft_cached.forward_s if draft_cached is not None else 0.0,
+        peak_rss_bytes=peak_rss_bytes(),
+    )
+    return GenerationResult(tokens=seq[P:L].tolist(), stats=stats)

@@ -1,0 +1,157 @@
+"""Proposers: where the K draft tokens of a round come from.
+
+A proposer has three methods, called by the decode loop:
+
+- `begin(target, prompt, max_new_tokens, sampler)` once, before the clock starts (the oracle
+  computes its reference continuation here);
+- `propose(context, k) -> (x, q)`: up to k drafted tokens x ([k'] int64, k' <= k) for the committed
+  `context` ([L] int64), and q, the [k', W] distributions they were sampled from, or None when each
+  draft is one-hot (a deterministic proposal);
+- `commit(keep)`: the first `keep` tokens the proposer last saw (context + its accepted drafts)
+  are committed; it drops any state beyond them.
+
+`DraftModel` samples from a second causal LM, `PromptLookup` copies an n-gram continuation from the
+context, `OracleDraft` is the cost-model paper's oracle (Sec. 4, App. D.2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moespec.engine.cached import CachedModel
+from moespec.engine.sampling import Sampler
+
+
+class DraftModel:
+    """A second causal LM with its own KV cache; q is exactly the distribution each draft came from.
+
+    Between rounds its cache holds a prefix of the committed sequence. A round feeds the uncached
+    suffix (one token after a rejection; two after a full acceptance, since x_K was sampled but
+    never fed), then K-1 more single-token steps.
+    """
+
+    def __init__(self, model):
+        self.cached = model if hasattr(model, "extend") else CachedModel(model)
+        self.sampler: Sampler | None = None
+
+    @property
+    def width(self) -> int:
+        return self.cached.width
+
+    def begin(self, *, target, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
+        self.cached.reset()
+        self.sampler = sampler
+
+    def propose(self, context: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        s = self.sampler
+        logits = self.cached.extend(context[self.cached.length:])[-1:]  # [1, V]
+        xs, qs = [], []
+        for i in range(k):
+            q = s.prepare(logits)  # [1, W]
+            x = s.sample(q)  # [1]
+            xs.append(x)
+            qs.append(q)
+            if i + 1 < k:
+                logits = self.cached.extend(x)
+        return torch.cat(xs), (None if s.greedy else torch.cat(qs))
+
+    def commit(self, keep: int) -> None:
+        self.cached.truncate(keep)
+
+
+class PromptLookup:
+    """Copies the continuation of the latest earlier match of the context's last n tokens (one-hot q).
+
+    Tries n-gram sizes n, n-1, ..., 1 and proposes nothing when no suffix recurs.
+    """
+
+    def __init__(self, n: int = 3):
+        if n < 1:
+            raise ValueError(f"PromptLookup needs an n-gram size >= 1, got {n}")
+        self.n = n
+
+    def begin(self, *, target, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
+        pass
+
+    def propose(self, context: torch.Tensor, k: int) -> tuple[torch.Tensor, None]:
+        L = context.shape[0]
+        for n in range(min(self.n, L - 1), 0, -1):
+            windows = context[: L - 1].unfold(0, n, 1)  # [L-n, n], every n-gram that has a successor
+            hits = (windows == context[L - n:]).all(-1).nonzero()
+            if hits.numel():
+                start = int(hits[-1]) + n
+                return context[start: start + k], None
+        return context[:0], None
+
+    def commit(self, keep: int) -> None:
+        pass
+
+
+class OracleDraft:
+    """The oracle draft: the target's own greedy token, corrupted with probability 1 - a.
+
+    Following the cost-model paper (Sec. 4, App. D.2), each draft is the target's batch-one greedy
+    token, replaced by another real-vocabulary id where a seeded draw marks it wrong (probability
+    1 - a, independently per draft). Under greedy verification draft i is then accepted iff drafts
+    1..i are unmarked, so acceptance is geometric at rate a, and proposing costs next to nothing.
+
+    The greedy tokens come from a reference continuation: in `begin`, before the clock starts, the
+    oracle decodes the prompt greedily one token at a time on the target's own cache (then rolls the
+    cache back). A verify pass whose batched argmax differs from the batch-one token (a near-tie)
+    makes the committed text leave the reference; the oracle then re-anchors, decoding a fresh
+    reference from the committed text on the target's cache, inside the clock, counted in
+    `reanchors`. Only greedy decoding is supported (temperature 0).
+    """
+
+    def __init__(self, acceptance: float, seed: int = 0):
+        if not 0.0 <= acceptance <= 1.0:
+            raise ValueError(f"OracleDraft acceptance must be in [0, 1], got {acceptance}")
+        self.a = float(acceptance)
+        self.seed = seed
+        self.reanchors = 0
+        self._target: CachedModel | None = None
+        self._ref: torch.Tensor = torch.zeros(0, dtype=torch.long)  # [P + max_new_tokens] prompt + greedy tokens
+        self._end = 0
+
+    def begin(self, *, target, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
+        if not sampler.greedy:
+            raise ValueError(
+                f"OracleDraft models acceptance under greedy verification; use temperature=0 "
+                f"(got {sampler.config.temperature})"
+            )
+        self._target, self._sampler = target, sampler
+        self._gen = torch.Generator(device="cpu").manual_seed(self.seed)
+        self._end = prompt.shape[0] + max_new_tokens
+        self.reanchors = 0
+        self._ref = self._greedy_from(prompt)
+
+    def _greedy_from(self, context: torch.Tensor) -> torch.Tensor:
+        """context [L] followed by target greedy tokens up to length self._end, via the target's cache."""
+        t, L = self._target, context.shape[0]
+        before = t.length
+        ref = torch.empty(max(self._end, L), dtype=torch.long)
+        ref[:L] = context
+        if L < self._end:
+            t.truncate(min(before, L - 1))
+            logits = t.extend(context[t.length:])[-1:]
+            for j in range(L, self._end):
+                ref[j] = self._sampler.sample(self._sampler.prepare(logits))[0]
+                if j + 1 < self._end:
+                    logits = t.extend(ref[j: j + 1])
+            t.truncate(min(before, L - 1))
+        return ref
+
+    def propose(self, context: torch.Tensor, k: int) -> tuple[torch.Tensor, None]:
+        L = context.shape[0]
+        if L > self._ref.shape[0] or context[L - 1] != self._ref[L - 1]:
+            self.reanchors += 1
+            self._ref = self._greedy_from(context)
+        g = self._ref[L: L + k]  # [k'] the target's greedy tokens
+        m = g.shape[0]
+        wrong = torch.rand(m, generator=self._gen) >= self.a  # [k'] marked with probability 1 - a
+        limit = self._sampler.vocab_limit
+        shift = torch.randint(1, max(limit, 2), (m,), generator=self._gen)  # any other real id
+        return torch.where(wrong, (g + shift) % limit, g), None
+
+    def commit(self, keep: int) -> None:
+        pass

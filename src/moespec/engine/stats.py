@@ -1,0 +1,138 @@
+"""Per-round statistics of one generation and the result object `generate` returns.
+
+Acceptance follows the engine paper (Sec. 5, Metrics): pooled acceptance is accepted draft tokens
+over drafted tokens; acceptance at position i is the same ratio restricted to draft position i.
+Because the accept walk stops at the first rejection, position i is only *reached* when drafts
+1..i-1 were accepted; accepted/reached at i is the conditional rate, and pooled over positions it
+is the maximum-likelihood estimate of a in the geometric model of the cost-model paper (Sec. 4),
+`geometric_acceptance`.
+
+Times are seconds of wall clock, read after a device synchronize: `draft_s` (proposing), `verify_s`
+(the target's pass, prefill included), `sampling_s` (the accept/resample walk), `other_s` (the rest:
+bookkeeping, cache truncation). `forward_s` is the time inside the two models' forward passes alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Figures of one `generate` call. Tuples indexed by draft position have length k."""
+
+    k: int
+    prompt_tokens: int
+    new_tokens: int
+    stop_reason: str  # "max_new_tokens" or "eos"
+    tokens_per_round: tuple[int, ...]  # tokens committed by each round, [rounds]
+    drafted_by_position: tuple[int, ...]  # [k] drafts proposed at position i
+    reached_by_position: tuple[int, ...]  # [k] drafts at position i that the walk tested
+    accepted_by_position: tuple[int, ...]  # [k] drafts at position i that were accepted
+    total_s: float
+    ttft_s: float
+    draft_s: float
+    verify_s: float
+    sampling_s: float
+    target_forward_s: float
+    draft_forward_s: float
+    peak_rss_bytes: int
+
+    @property
+    def rounds(self) -> int:
+        return len(self.tokens_per_round)
+
+    @property
+    def other_s(self) -> float:
+        return max(0.0, self.total_s - self.draft_s - self.verify_s - self.sampling_s)
+
+    @property
+    def forward_s(self) -> float:
+        return self.target_forward_s + self.draft_forward_s
+
+    @property
+    def overhead_share(self) -> float:
+        """Share of wall time spent outside the target's and the draft's forward passes."""
+        return 1.0 - self.forward_s / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def mean_tokens_per_round(self) -> float:
+        return sum(self.tokens_per_round) / self.rounds if self.rounds else 0.0
+
+    @property
+    def drafted(self) -> int:
+        return sum(self.drafted_by_position)
+
+    @property
+    def accepted(self) -> int:
+        return sum(self.accepted_by_position)
+
+    @property
+    def acceptance(self) -> float:
+        """Pooled acceptance: accepted drafts / drafted tokens (nan when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def acceptance_by_position(self) -> tuple[float, ...]:
+        return tuple(a / d if d else float("nan") for a, d in zip(self.accepted_by_position, self.drafted_by_position))
+
+    @property
+    def conditional_acceptance_by_position(self) -> tuple[float, ...]:
+        return tuple(a / r if r else float("nan") for a, r in zip(self.accepted_by_position, self.reached_by_position))
+
+    @property
+    def geometric_acceptance(self) -> float:
+        """Realized a: accepted drafts / tested drafts, the MLE of a geometric acceptance rate."""
+        reached = sum(self.reached_by_position)
+        return self.accepted / reached if reached else float("nan")
+
+    def latency_split_ms(self) -> dict[str, float]:
+        """Milliseconds per generated token: draft, verify, sampling, other."""
+        n = max(self.new_tokens, 1)
+        return {
+            "draft": 1e3 * self.draft_s / n,
+            "verify": 1e3 * self.verify_s / n,
+            "sampling": 1e3 * self.sampling_s / n,
+            "other": 1e3 * self.other_s / n,
+        }
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            rounds=self.rounds,
+            other_s=self.other_s,
+            tokens_per_s=self.tokens_per_s,
+            mean_tokens_per_round=self.mean_tokens_per_round,
+            acceptance=self.acceptance,
+            acceptance_by_position=list(self.acceptance_by_position),
+            geometric_acceptance=self.geometric_acceptance,
+            overhead_share=self.overhead_share,
+        )
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Stats":
+        names = {f.name for f in fields(cls)}
+        missing = names - d.keys()
+        if missing:
+            raise ValueError(f"Stats.from_dict: missing keys {sorted(missing)}")
+        return cls(**{n: tuple(d[n]) if isinstance(d[n], list) else d[n] for n in names})
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """The new tokens (prompt excluded, EOS included when it stopped the run) and their statistics."""
+
+    tokens: list[int]
+    stats: Stats
+
+    def to_dict(self) -> dict:
+        return {"tokens": list(self.tokens), "stats": self.stats.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GenerationResult":
+        return cls(tokens=list(d["tokens"]), stats=Stats.from_dict(d["stats"]))
