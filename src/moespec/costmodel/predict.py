@@ -1,0 +1,260 @@
+"""The prediction (22): whole-model verify times from the expert operation alone, and what follows.
+
+Section 4 of the cost-model paper. Inputs are the operation times of each layer's experts on
+windows of recorded routing (the fits (4)/(E.1) at each window's bytes for the *prediction*, the
+measured medians for the *measured-time version*), the measured one-token time τ_meas(1) and h(k),
+the time per step outside the verify pass. Nothing comes from a speculative run.
+
+    τ̂_p(n) = τ_meas(1) + Σ_l ( t̄_{p,l}(n) − t̄_l(1) )                                  (22)
+
+t̄_l(1) is the per-slot kernel's one-token time, because the engine runs that kernel at n = 1 with
+deduplication off and on (the paper's one correction after comparing with measurements). The
+*calibrated version* adds g(n), the growth with n of the time outside the expert operation, read
+from the measured verify times with deduplication off. From τ̂ follow the saving Ŝ(n) with the band
+of (18), the crossover (Sec. 2), V̂(k) = τ̂_p(k+1) + h(k), k̂*(a), the speedup and (20)–(21).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from moespec.costmodel.bounds import (
+    best_draft_length_separated,
+    check_delta,
+    check_eps,
+    delta_from_eps,
+    faster_kernel_certain,
+    saving_bound,
+    speedup_interval,
+)
+from moespec.costmodel.steptime import step_times
+from moespec.costmodel.theory import best_draft_length, first_draft_threshold, speedup, step_points
+
+# The paper's grid (Sec. 4, App. D.2): 11 acceptance values from 0.2 to 0.98.
+ACCEPTANCE_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
+VERSIONS = ("prediction", "measured-time", "calibrated")
+# "auto" runs, at each pass size, the kernel that the prediction says is faster.
+KERNELS = ("slot", "dedup", "auto")
+
+
+def layer_means(t_op: Any) -> np.ndarray:
+    """t̄_l: each layer's operation time averaged over its windows of recorded routing (22).
+
+    t_op: [L, W] times in seconds (one row per layer, one column per window), or [L] if already
+    averaged. Returns [L].
+    """
+    arr = np.asarray(t_op, dtype=float)
+    if arr.ndim == 2:
+        if arr.shape[1] == 0:
+            raise ValueError(f"operation times of shape {arr.shape} hold no window; give >= 1 window per layer")
+        arr = arr.mean(axis=1)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"operation times must have shape [L, W] or [L] with L >= 1, got {arr.shape}")
+    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(f"operation times must be finite and positive seconds, got {arr.tolist()}")
+    return arr
+
+
+def _by_n(t_op: Mapping[Any, Any], what: str) -> dict[int, np.ndarray]:
+    """{n: t̄_{p,l}(n) [L]} from a mapping pass size -> [L, W] times; JSON string keys accepted."""
+    if not isinstance(t_op, Mapping):
+        raise TypeError(f"{what} must map pass size n to [L, W] times, got {type(t_op).__name__}")
+    out = {int(n): layer_means(t) for n, t in t_op.items()}
+    sizes = {len(t) for t in out.values()}
+    if len(sizes) > 1:
+        raise ValueError(f"{what} has different layer counts per n: {sorted(sizes)}; give every layer at every n")
+    return dict(sorted(out.items()))
+
+
+def crossover(n: Sequence[int], S: Sequence[float]) -> int | None:
+    """The crossover (Sec. 2): the smallest pass size n >= 2 from which the saving S stays positive.
+
+    n: [P] pass sizes, S: [P] savings τ_slot(n) − τ_dedup(n) in seconds. None when the saving at the
+    largest n is not positive. The same rule serves the prediction and the measured point estimate.
+    """
+    if len(n) != len(S):
+        raise ValueError(f"n has {len(n)} entries but S has {len(S)}; give one saving per pass size")
+    pairs = sorted((int(ni), float(si)) for ni, si in zip(n, S) if int(ni) >= 2)
+    found = None
+    for ni, si in reversed(pairs):
+        if si <= 0:
+            break
+        found = ni
+    return found
+
+
+def saving_band(S: float, M_slot: float, M_dedup: float, eps: float) -> tuple[float, float]:
+    """The band of (18) around a predicted saving: Ŝ ± ε/(1−ε) (M̂ᵉ_slot + M̂ᵉ_dedup), seconds."""
+    half = float(saving_bound(eps, M_slot, M_dedup))
+    return S - half, S + half
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The prediction of one version (Sec. 4): verify times, saving, crossover, staircase, bounds.
+
+    Times in seconds. Lists over n are [n_max] for n = 1..n_max; over k [kmax+1]; over a [A].
+    Dicts are keyed by kernel ("slot", "dedup", "auto"; M has only the first two).
+    """
+
+    version: str
+    n: list[int]
+    tau1: float
+    tau: dict[str, list[float]]
+    M: dict[str, list[float]]
+    S: list[float]
+    S_lo: list[float]
+    S_hi: list[float]
+    sign_certain: list[bool]
+    eps: float
+    crossover: int | None
+    h: list[float]
+    V: dict[str, list[float]]
+    acceptance: list[float]
+    k_star: dict[str, list[int]]
+    speedup: dict[str, list[float]]
+    speedup_lo: dict[str, list[float]]
+    speedup_hi: dict[str, list[float]]
+    k_star_certain: dict[str, list[bool]]
+    a0: dict[str, float]
+    step_points: dict[str, list[float]]
+    delta: float
+
+    @property
+    def kmax(self) -> int:
+        return len(self.h) - 1
+
+    @property
+    def loss_bound(self) -> float:
+        """(20): at most 2δ/(1+δ) of the best throughput is lost by drafting k̂*."""
+        return 2 * self.delta / (1 + self.delta)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Prediction":
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown Prediction keys {sorted(unknown)}; was it written by another moespec version?")
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+
+def _staircase(V: list[float], acceptance: Sequence[float], delta: float) -> dict[str, list]:
+    """k̂*(a), the predicted speedup with the interval (21) for the true one, and the certificate
+    of (20) (separation on V̂ by (1+δ)/(1−δ) leaves no other maximizer within δ) for one V̂."""
+    out: dict[str, list] = {"k_star": [], "speedup": [], "lo": [], "hi": [], "certain": []}
+    for a in acceptance:
+        k = best_draft_length(V, a)
+        s = float(speedup(V, a, k))
+        lo, hi = speedup_interval(s, delta)
+        out["k_star"].append(int(k))
+        out["speedup"].append(s)
+        out["lo"].append(float(lo))
+        out["hi"].append(float(hi))
+        out["certain"].append(bool(best_draft_length_separated(V, a, delta)))
+    return out
+
+
+def predict(
+    *,
+    t_slot: Mapping[Any, Any],
+    t_dedup: Mapping[Any, Any],
+    tau1: float,
+    h: Sequence[float],
+    eps: float,
+    version: str = "prediction",
+    tau_slot_measured: Mapping[Any, float] | None = None,
+    delta: float | None = None,
+    acceptance: Sequence[float] = ACCEPTANCE_GRID,
+) -> Prediction:
+    """The prediction (22) of one version, and the saving, crossover, k̂*(a) and bounds that follow.
+
+    t_slot: {n: [L, W_n] or [L]} per-slot operation times, n = 1..n_max; n = 1 gives t̄_l(1).
+    t_dedup: {n: [L, W_n] or [L]} deduplicating times, n = 2..n_max; with n = 1 absent the engine
+        runs the per-slot kernel on one-token passes, so τ̂_dedup(1) = τ_meas(1).
+    tau1: τ_meas(1), the measured whole-model one-token verify time.
+    h: [kmax+1] time per step outside the verify pass, k = 0..kmax (kmax + 1 <= n_max).
+    eps: the engine's bandwidth error ε (the larger of its two kernels'), for the band of (18).
+    version: "prediction" (fit times), "measured-time" (measured times) or "calibrated".
+    tau_slot_measured: {n: τ_slot(n)} measured verify times with deduplication off, n = 1..n_max;
+        required by, and only by, the calibrated version.
+    delta: δ of (20)–(21); default ε/(1−ε) from (C.7).
+    """
+    if version not in VERSIONS:
+        raise ValueError(f"version={version!r}; choose one of {VERSIONS}")
+    if (version == "calibrated") != (tau_slot_measured is not None):
+        raise ValueError("tau_slot_measured is required by the calibrated version and used by no other; "
+                         f"got version={version!r} with tau_slot_measured={'given' if tau_slot_measured else None}")
+    eps = float(check_eps(eps))
+    delta = float(check_delta(delta_from_eps(eps) if delta is None else delta))
+    tau1 = float(tau1)
+    if not (math.isfinite(tau1) and tau1 > 0):
+        raise ValueError(f"tau1={tau1} must be a positive time in seconds")
+    slot, dedup = _by_n(t_slot, "t_slot"), _by_n(t_dedup, "t_dedup")
+    n_max = max(slot, default=0)
+    if n_max < 2:
+        raise ValueError(f"t_slot has pass sizes {list(slot)}; a prediction needs n = 1..n_max with n_max >= 2")
+    ns = list(range(1, n_max + 1))
+    if list(slot) != ns:
+        raise ValueError(f"t_slot has pass sizes {list(slot)}; give every n = 1..{n_max}, n = 1 included for t̄_l(1)")
+    if [n for n in dedup if n >= 2] != ns[1:]:
+        raise ValueError(f"t_dedup has pass sizes {list(dedup)}; give every n = 2..{n_max} (as t_slot)")
+    if len(next(iter(dedup.values()))) != len(slot[1]):
+        raise ValueError(f"t_dedup has {len(next(iter(dedup.values())))} layers, t_slot {len(slot[1])}; give the same layers")
+    dedup.setdefault(1, slot[1])
+    h = [float(x) for x in h]
+    if not h or len(h) > n_max or any(not math.isfinite(x) or x < 0 for x in h):
+        raise ValueError(f"h={h} must hold 1..{n_max} finite non-negative times, k = 0..kmax with kmax + 1 <= n_max")
+
+    t1 = slot[1]
+    M = {"slot": [float(slot[n].sum()) for n in ns], "dedup": [float(dedup[n].sum()) for n in ns]}
+    tau = {"slot": [tau1 + float(np.sum(slot[n] - t1)) for n in ns],
+           "dedup": [tau1 + float(np.sum(dedup[n] - t1)) for n in ns]}
+    if tau_slot_measured is not None:
+        measured = {int(n): float(t) for n, t in tau_slot_measured.items()}
+        missing = [n for n in ns if n not in measured]
+        if missing:
+            raise ValueError(f"tau_slot_measured lacks n = {missing}; give the measured verify time at every n = 1..{n_max}")
+        growth = [measured[n] - tau["slot"][i] for i, n in enumerate(ns)]
+        tau = {p: [t + g for t, g in zip(tau[p], growth)] for p in tau}
+    tau["auto"] = [min(s, d) for s, d in zip(tau["slot"], tau["dedup"])]
+
+    S = [s - d for s, d in zip(tau["slot"], tau["dedup"])]
+    band = [saving_band(S[i], M["slot"][i], M["dedup"][i], eps) for i in range(n_max)]
+    V = {p: [float(v) for v in step_times(tau[p][: len(h)], h)] for p in KERNELS}
+    stairs = {p: _staircase(V[p], acceptance, delta) for p in KERNELS}
+    return Prediction(
+        version=version, n=ns, tau1=tau1, tau=tau, M=M, S=S,
+        S_lo=[lo for lo, _ in band], S_hi=[hi for _, hi in band],
+        # (19) with equal fixed work: ū/r = M̂ᵉ_dedup / M̂ᵉ_slot
+        sign_certain=[n >= 2 and faster_kernel_certain(M["dedup"][i] / M["slot"][i], 1.0, eps) for i, n in enumerate(ns)],
+        eps=eps, crossover=crossover(ns, S), h=h, V=V, acceptance=[float(a) for a in acceptance],
+        k_star={p: stairs[p]["k_star"] for p in KERNELS},
+        speedup={p: stairs[p]["speedup"] for p in KERNELS},
+        speedup_lo={p: stairs[p]["lo"] for p in KERNELS},
+        speedup_hi={p: stairs[p]["hi"] for p in KERNELS},
+        k_star_certain={p: stairs[p]["certain"] for p in KERNELS},
+        a0={p: float(first_draft_threshold(V[p])) for p in KERNELS},
+        step_points={p: [float(x) for x in step_points(V[p])] for p in KERNELS},
+        delta=delta,
+    )
+
+
+def window_times(fits: Sequence[Any], U: Any, n: int, m: int, w: Sequence[float]) -> np.ndarray:
+    """The prediction's operation times: each layer's fit evaluated at the bytes of every window.
+
+    fits: [L] fit results of (4) or (E.1) with predict(U, n, m, b) (the fit of a timed layer may
+    stand for several layers); U: [L, W] distinct experts of each window; w: [L] expert bytes.
+    Returns [L, W] seconds, ready for t_slot[n] / t_dedup[n] of `predict`.
+    """
+    U = np.asarray(U)
+    if U.ndim != 2 or len(fits) != U.shape[0] or len(w) != U.shape[0]:
+        raise ValueError(f"give one fit and one expert size per layer row of U: fits {len(fits)}, "
+                         f"w {len(w)}, U {U.shape}")
+    return np.stack([np.asarray(f.predict(U[l], n, m, w[l]), dtype=float) * np.ones(U.shape[1])
+                     for l, f in enumerate(fits)])

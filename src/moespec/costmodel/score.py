@@ -1,0 +1,256 @@
+"""Scoring a prediction against whole-model measurements: Tables 3, 4, 7 and the six rules of Table 8.
+
+Cost-model paper, Sec. 4.2–4.4 and App. E. The measurement comes in as numbers: median verify times
+τ_p(n) of both kernels, the 95% bootstrap interval of the saving S(n), the oracle-draft throughput
+T(k, a) at each acceptance of the prediction's grid, and the measured step times V(k) of the scored
+kernel. Definitions follow the paper:
+
+- saving error: the largest |Ŝ(n) − S(n)| over n = 2..n_max (Table 3);
+- crossover: the smallest n from which the saving's point estimate stays positive (Sec. 2);
+- k* within one: acceptance values at which |k̂*(a) − k*(a)| <= 1, k* the measured best (Table 3);
+- loss: 1 − T(k̂*, a) / T(k*, a) from the measured throughput (Table 4);
+- verify-time error: the largest |τ̂_p(n) − τ_p(n)| / τ_p(n) over n = 2..n_max (Tables 4 and 7);
+- δ: the largest |V̂(k) − V(k)| / V(k) over k, the step-time error of (20)–(21) (Sec. 4.3);
+- amplification: (M̂ᵉ_slot + M̂ᵉ_dedup) / |S(n)|, |S(n)| floored at 0.05 ms (Table 7);
+- implied ε: the least ε whose band (18) covers every measured saving (Table 7).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from moespec.costmodel.predict import Prediction, crossover
+from moespec.costmodel.bounds import speedup_bounds, step_time_delta, throughput_loss_bound
+from moespec.costmodel.theory import best_draft_length, speedup
+
+AMPLIFICATION_FLOOR = 5e-5  # seconds: Table 7 floors |S(n)| at 0.05 ms
+
+
+@dataclass(frozen=True)
+class ScoringRules:
+    """The tolerances of Table 8, fixed before any speculative run is scored."""
+
+    crossover_within: int = 1
+    k_within_one_share: float = 9 / 11  # "k̂* within one at >= 9 of 11 values"
+    loss_max: float = 0.06
+    verify_max: float = 0.15
+
+    def k_within_one_min(self, A: int) -> int:
+        """The count of acceptance values, of A, that the k̂* rule needs (9 of the paper's 11)."""
+        return math.ceil(self.k_within_one_share * A - 1e-9)
+
+
+@dataclass(frozen=True)
+class RuleVerdict:
+    """One scoring rule of Table 8: its value on this measurement, its threshold and the verdict."""
+
+    name: str
+    threshold: float
+    value: float
+    passed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RuleVerdict":
+        return cls(name=str(d["name"]), threshold=float(d["threshold"]), value=float(d["value"]),
+                   passed=bool(d["passed"]))
+
+
+@dataclass(frozen=True)
+class Score:
+    """A prediction scored against one measurement. Seconds; lists over n are [n_max − 1] for
+    n = 2..n_max, lists over a are [A] on the prediction's acceptance grid."""
+
+    kernel: str
+    version: str
+    n: list[int]
+    S_measured: list[float]
+    saving_error_by_n: list[float]
+    inside_band: list[bool]
+    amplification: list[float]
+    eps: float
+    eps_implied: float
+    crossover_predicted: int | None
+    crossover_measured: int | None
+    sign_points: int
+    sign_agree: int
+    tau_error: float
+    tau_error_dedup: float
+    acceptance: list[float]
+    k_star_predicted: list[int]
+    k_star_measured: list[int]
+    loss: list[float]
+    delta: float
+    speedup_predicted: list[float]
+    speedup_measured: list[float]
+    speedup_inside: list[bool]
+    loss_inside: list[bool]
+    oracle_gap: list[float]
+    rules: list[RuleVerdict] = field(default_factory=list)
+
+    @property
+    def saving_error(self) -> float:
+        return max(self.saving_error_by_n)
+
+    @property
+    def inside_band_count(self) -> int:
+        return sum(self.inside_band)
+
+    @property
+    def k_within_one(self) -> int:
+        return sum(abs(p - m) <= 1 for p, m in zip(self.k_star_predicted, self.k_star_measured))
+
+    @property
+    def max_loss(self) -> float:
+        return max(self.loss)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.rules)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["summary"] = {"saving_error": self.saving_error, "inside_band": self.inside_band_count,
+                        "k_within_one": self.k_within_one, "max_loss": self.max_loss, "passed": self.passed}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Score":
+        unknown = set(d) - set(cls.__dataclass_fields__) - {"summary"}
+        if unknown:
+            raise ValueError(f"unknown Score keys {sorted(unknown)}; was it written by another moespec version?")
+        kw = {k: d[k] for k in cls.__dataclass_fields__}
+        kw["rules"] = [RuleVerdict.from_dict(r) for r in d["rules"]]
+        return cls(**kw)
+
+
+def _at(values: Mapping[Any, float], ns: Sequence[int], what: str) -> list[float]:
+    """values[n] for each n, with JSON string keys accepted; a missing n names the fix."""
+    got = {int(k): float(v) for k, v in values.items()}
+    missing = [n for n in ns if n not in got]
+    if missing:
+        raise ValueError(f"{what} lacks pass sizes n = {missing}; measure every n = {ns[0]}..{ns[-1]}")
+    return [got[n] for n in ns]
+
+
+def crossover_distance(predicted: int | None, measured: int | None, n_max: int) -> int:
+    """|ĉ − c| with "none" read as n_max + 1, so a crossover at n_max is within one of none (Table 8)."""
+    none = n_max + 1
+    return abs((none if predicted is None else predicted) - (none if measured is None else measured))
+
+
+def implied_eps(error: Sequence[float], M_sum: Sequence[float]) -> float:
+    """The least ε with ε/(1−ε)·(M̂ᵉ_slot + M̂ᵉ_dedup) >= |Ŝ(n) − S(n)| at every n, from (18)."""
+    x = [e / m for e, m in zip(error, M_sum)]
+    return max(xi / (1 + xi) for xi in x)
+
+
+def score(
+    prediction: Prediction,
+    *,
+    tau_slot: Mapping[Any, float],
+    tau_dedup: Mapping[Any, float],
+    S_lo: Mapping[Any, float],
+    S_hi: Mapping[Any, float],
+    throughput: Any,
+    V: Sequence[float],
+    kernel: str = "dedup",
+    S: Mapping[Any, float] | None = None,
+    n_max: int | None = None,
+    rules: ScoringRules = ScoringRules(),
+) -> Score:
+    """Score `prediction` against a measurement (Tables 3, 4, 7; the rules of Table 8).
+
+    tau_slot, tau_dedup: {n: median verify time} with deduplication off / on, n = 2..n_max at least.
+    S_lo, S_hi: {n: bounds of the 95% bootstrap interval of S(n)}, n = 2..n_max.
+    throughput: [A, kmax+1] measured oracle-draft tokens per second with `kernel`, rows on
+        prediction.acceptance, columns k = 0..prediction.kmax.
+    V: [kmax+1] measured step times of `kernel`, V(k) = τ(k+1) + h(k).
+    S: {n: point estimate of S(n)}; default τ_slot(n) − τ_dedup(n).
+    n_max: largest pass size scored (8 where the engine runs one kernel at 9 either way).
+    """
+    if kernel not in prediction.V:
+        raise ValueError(f"kernel={kernel!r}; the prediction has step times for {sorted(prediction.V)}")
+    n_max = prediction.n[-1] if n_max is None else int(n_max)
+    if not 2 <= n_max <= prediction.n[-1]:
+        raise ValueError(f"n_max={n_max} must lie in 2..{prediction.n[-1]}, the prediction's pass sizes")
+    ns = list(range(2, n_max + 1))
+    idx = [prediction.n.index(n) for n in ns]
+    t_slot, t_dedup = _at(tau_slot, ns, "tau_slot"), _at(tau_dedup, ns, "tau_dedup")
+    S_meas = [s - d for s, d in zip(t_slot, t_dedup)] if S is None else _at(S, ns, "S")
+    lo, hi = _at(S_lo, ns, "S_lo"), _at(S_hi, ns, "S_hi")
+
+    S_hat = [prediction.S[i] for i in idx]
+    err = [abs(p - m) for p, m in zip(S_hat, S_meas)]
+    M_sum = [prediction.M["slot"][i] + prediction.M["dedup"][i] for i in idx]
+    inside = [prediction.S_lo[i] <= s <= prediction.S_hi[i] for i, s in zip(idx, S_meas)]
+    amplification = [m / max(abs(s), AMPLIFICATION_FLOOR) for m, s in zip(M_sum, S_meas)]
+    c_pred, c_meas = crossover(ns, S_hat), crossover(ns, S_meas)
+    # sign rule: only where the interval excludes 0, and the predicted sign must be the same
+    decided = [(1 if l > 0 else -1, s) for l, h, s in zip(lo, hi, S_hat) if l > 0 or h < 0]
+    sign_agree = sum(sign * s > 0 for sign, s in decided)
+    rel = lambda est, true: [abs(e - t) / t for e, t in zip(est, true)]  # noqa: E731
+    err_slot = rel([prediction.tau["slot"][i] for i in idx], t_slot)
+    err_dedup = rel([prediction.tau["dedup"][i] for i in idx], t_dedup)
+
+    T = np.asarray(throughput, dtype=float)
+    A, K = len(prediction.acceptance), prediction.kmax + 1
+    if T.shape != (A, K):
+        raise ValueError(f"throughput has shape {T.shape}, expected [A, kmax+1] = {(A, K)} "
+                         "(one row per acceptance of the prediction, one column per k = 0..kmax)")
+    if not np.all(np.isfinite(T)) or np.any(T <= 0):
+        raise ValueError(f"throughput must be finite positive tokens per second, got {T.tolist()}")
+    V = [float(v) for v in V]
+    if len(V) != K:
+        raise ValueError(f"V has {len(V)} step times, the prediction {K} (k = 0..{K - 1})")
+    V_hat = prediction.V[kernel]
+    delta = float(step_time_delta(V, V_hat))
+    k_hat = prediction.k_star[kernel]
+    k_meas = [int(np.argmax(row)) for row in T]  # argmax: the smallest maximizer
+    loss = [1 - row[kh] / row[km] for row, kh, km in zip(T, k_hat, k_meas)]
+    s_hat = prediction.speedup[kernel]
+    # (20) and (21) are checked on the throughput the measured step times imply, where they are
+    # theorems (Sec. 4.3); the sweep's gap to it is the oracle draft's own (App. E), reported apart.
+    k_V = [best_draft_length(V, a) for a in prediction.acceptance]
+    s_meas = [float(speedup(V, a, k)) for a, k in zip(prediction.acceptance, k_V)]
+    loss_V = [1 - float(speedup(V, a, kh)) / s for a, kh, s in zip(prediction.acceptance, k_hat, s_meas)]
+    if delta < 1:
+        (lo21, hi21), bound20 = map(float, speedup_bounds(delta)), float(throughput_loss_bound(delta))
+    else:  # a step-time error of 100% or more leaves (20)-(21) nothing to say
+        (lo21, hi21), bound20 = (0.0, math.inf), 1.0
+    s_inside = [lo21 * (1 - 1e-12) <= sh / sm <= hi21 * (1 + 1e-12) for sh, sm in zip(s_hat, s_meas)]
+    loss_inside = [x <= bound20 + 1e-12 for x in loss_V]
+    gap = [(row[k] / row[0]) / float(speedup(V, a, k)) - 1
+           for row, k, a in zip(T, k_meas, prediction.acceptance)]
+
+    within = sum(abs(p - m) <= 1 for p, m in zip(k_hat, k_meas))
+    tau_error = max(err_slot + err_dedup)
+    verdicts = [
+        RuleVerdict("crossover within one", rules.crossover_within,
+                    crossover_distance(c_pred, c_meas, n_max), crossover_distance(c_pred, c_meas, n_max)
+                    <= rules.crossover_within),
+        RuleVerdict(f"k* within one at >= {rules.k_within_one_min(A)} of {A} values",
+                    rules.k_within_one_min(A), within, within >= rules.k_within_one_min(A)),
+        RuleVerdict(f"loss at most {rules.loss_max:.0%} at every value", rules.loss_max, max(loss),
+                    max(loss) <= rules.loss_max),
+        RuleVerdict("sign of S(n) where the interval excludes 0 (wrong signs)", 0, len(decided) - sign_agree,
+                    sign_agree == len(decided)),
+        RuleVerdict(f"verify time within {rules.verify_max:.0%}, both kernels", rules.verify_max, tau_error,
+                    tau_error <= rules.verify_max),
+        RuleVerdict("best speedup inside (21) (values outside)", 0, len(s_inside) - sum(s_inside), all(s_inside)),
+    ]
+    return Score(
+        kernel=kernel, version=prediction.version, n=ns, S_measured=S_meas, saving_error_by_n=err,
+        inside_band=inside, amplification=amplification, eps=prediction.eps,
+        eps_implied=implied_eps(err, M_sum), crossover_predicted=c_pred, crossover_measured=c_meas,
+        sign_points=len(decided), sign_agree=sign_agree, tau_error=tau_error, tau_error_dedup=max(err_dedup),
+        acceptance=list(prediction.acceptance), k_star_predicted=list(k_hat), k_star_measured=k_meas,
+        loss=[float(x) for x in loss], delta=delta, speedup_predicted=list(s_hat), speedup_measured=s_meas,
+        speedup_inside=s_inside, loss_inside=loss_inside, oracle_gap=[float(g) for g in gap], rules=verdicts,
+    )
