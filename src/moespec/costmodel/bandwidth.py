@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from moespec.costmodel.bounds import faster_kernel_certain, faster_kernel_margin
 from moespec.costmodel.steptime import byte_share, dedup_expert_bytes, dedup_faster, slot_expert_bytes
 from moespec.costmodel.theory import check_positive, exact_div
 
@@ -75,17 +76,14 @@ def byte_factor(bytes_per_distinct_expert, w):
 
 def sign_margin(u_bar_n, r_n, eps) -> float:
     """Margin of (19): |ln r - ln u_bar| - ln((1+eps)/(1-eps)); positive when the verdict of (7) is certain."""
-    if not 0 <= eps < 1:
-        raise ValueError(f"eps = {eps!r} must lie in [0, 1)")
-    return abs(math.log(check_positive("r(n)", r_n)) - math.log(check_positive("u_bar(n)", u_bar_n))) - math.log(
-        (1 + eps) / (1 - eps)
-    )
+    gap = abs(math.log(check_positive("r(n)", r_n)) - math.log(check_positive("u_bar(n)", u_bar_n)))
+    return gap - faster_kernel_margin(eps)
 
 
 def verdict(u_bar_n, r_n, eps) -> dict:
     """The verdict of (7) at one pass size, with the margin (19) for the engine's bandwidth error eps.
 
-    Returns {"u_bar", "r", "dedup_faster": u_bar < r, "margin": (19) margin, "certain": margin > 0}.
+    Returns {"u_bar", "r", "dedup_faster": u_bar < r, "margin": (19) margin, "certain": (19) holds}.
     """
     margin = sign_margin(u_bar_n, r_n, eps)
     return {
@@ -93,7 +91,7 @@ def verdict(u_bar_n, r_n, eps) -> dict:
         "r": float(r_n),
         "dedup_faster": bool(dedup_faster(u_bar_n, r_n)),
         "margin": margin,
-        "certain": margin > 0,
+        "certain": faster_kernel_certain(u_bar_n, r_n, eps),
     }
 
 
