@@ -1,3 +1,100 @@
-"""moespec traces (being written)."""
+"""moespec trace / moespec reuse: record routing traces and read the reuse figures off them."""
 
-from moespec.cli.app import app  # noqa: F401
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from moespec import artifacts
+from moespec.cli.app import app
+
+
+def parse_n_range(text: str) -> tuple[int, int]:
+    """'1..9' -> (1, 9); a single number '9' means 1..9."""
+    lo, sep, hi = text.partition("..")
+    try:
+        a, b = (int(lo), int(hi)) if sep else (1, int(lo))
+    except ValueError:
+        raise typer.BadParameter(f"--n takes a range like 1..9 or a largest n like 9; got {text!r}") from None
+    if not 1 <= a <= b:
+        raise typer.BadParameter(f"--n needs 1 <= first <= last; got {text!r}")
+    return a, b
+
+
+@app.command()
+def trace(
+    model: str = typer.Option(..., "--model", help="synthetic:NAME or a local checkpoint folder"),
+    corpus: Optional[list[Path]] = typer.Option(None, "--corpus", help="UTF-8 text files (default: the built-in corpus)"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="stop after this many tokens in all"),
+    out: Path = typer.Option(..., "--out", help="the Parquet trace to write"),
+    dtype: str = typer.Option("float32", help="model dtype"),
+    chunk: int = typer.Option(512, help="tokens per forward pass; the cache carries positions across chunks"),
+    weights: bool = typer.Option(False, help="also store the router's weights of the selected experts"),
+    seed: int = typer.Option(0, help="seed of a synthetic preset's weights"),
+) -> None:
+    """Record the experts each token selects in every MoE layer, reading a corpus by teacher forcing."""
+    from moespec.models.load import load
+    from moespec.moe.corpus import default_corpus, read_corpus
+    from moespec.moe.routing import record_to_file, tokenize
+
+    texts = read_corpus(corpus) if corpus else default_corpus()
+    names = [str(p) for p in corpus] if corpus else ["moespec:data/corpus"]
+    net, tok = load(model, dtype=dtype, seed=seed)
+    docs = tokenize(tok, texts, max_tokens)
+    total = sum(len(ids) for _, ids in docs)
+    with Progress(TextColumn("tracing"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                  TimeRemainingColumn()) as progress:
+        task = progress.add_task("trace", total=total)
+        n_docs, n_tokens = record_to_file(
+            net, docs, out, chunk=chunk, model_spec=model, corpus=names, with_weights=weights,
+            on_tokens=lambda t: progress.advance(task, t),
+        )
+    Console().print(f"wrote {out}: {n_docs} documents, {n_tokens} tokens")
+
+
+def _cell(value: float, lo: float, hi: float) -> str:
+    return f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+@app.command("reuse")
+def reuse_command(
+    trace_path: Path = typer.Argument(..., metavar="TRACES", help="a trace written by `moespec trace`"),
+    n: str = typer.Option("1..9", "--n", help="pass sizes, as 1..9"),
+    out: Optional[Path] = typer.Option(None, "--out", help="write the figures as a JSON artifact"),
+    figure: Optional[Path] = typer.Option(None, "--figure", help="write Figure 1 (reuse vs n) as PNG"),
+    resamples: int = typer.Option(2000, help="bootstrap resamples of documents"),
+    seed: int = typer.Option(0, help="bootstrap seed"),
+) -> None:
+    """Reuse rho(n), byte share u_bar(n) and distinct share U/(nm) of a trace, with 95% intervals."""
+    from moespec.moe.reuse import analyze
+    from moespec.moe.traces import RoutingTrace
+
+    first, last = parse_n_range(n)
+    tr = RoutingTrace.load(trace_path)
+    a = analyze(tr, last, resamples=resamples, seed=seed)
+    table = Table("n", "ρ(n) layer mean", "uniform", "ρ̄_k (k=n-1)", "ū(n)", "U/(nm)",
+                  title=f"{tr.model or trace_path}: {len(tr.documents)} documents, {tr.num_tokens} tokens, "
+                        f"N={tr.num_experts}, m={tr.top_k}, L={tr.num_layers}")
+    for i in range(first - 1, last):
+        rb = _cell(a.rho_bar.value[i - 1], a.rho_bar.lo[i - 1], a.rho_bar.hi[i - 1]) if i >= 1 else "—"
+        table.add_row(
+            str(a.n[i]), _cell(a.rho_mean.value[i], a.rho_mean.lo[i], a.rho_mean.hi[i]), f"{a.uniform[i]:.3f}", rb,
+            _cell(a.u_bar.value[i], a.u_bar.lo[i], a.u_bar.hi[i]),
+            _cell(a.distinct_share.value[i], a.distinct_share.lo[i], a.distinct_share.hi[i]),
+        )
+    Console().print(table)
+    if out is not None:
+        payload = {"trace": str(trace_path), "model": tr.model, "dtype": tr.dtype, "corpus": list(tr.corpus),
+                   "n_range": [first, last], "analysis": a.to_dict()}
+        artifacts.write(out, "reuse", payload)
+        Console().print(f"wrote {out}")
+    if figure is not None:
+        from moespec.report.fig_reuse import plot_reuse
+
+        plot_reuse([(tr.model or trace_path.stem, a)], figure)
+        Console().print(f"wrote {figure}")
