@@ -12,13 +12,15 @@ kernel. Definitions follow the paper:
 - verify-time error: the largest |τ̂_p(n) − τ_p(n)| / τ_p(n) over n = 2..n_max (Tables 4 and 7);
 - δ: the largest |V̂(k) − V(k)| / V(k) over k, the step-time error of (20)–(21) (Sec. 4.3);
 - amplification: (M̂ᵉ_slot + M̂ᵉ_dedup) / |S(n)|, |S(n)| floored at 0.05 ms (Table 7);
-- implied ε: the least ε whose band (18) covers every measured saving (Table 7).
+- implied ε: the least ε whose band (18) covers every measured saving (Table 7);
+- (20) and (21) with that δ, checked on the throughput G_a(k)/V(k) of the measured step times,
+  and the oracle gap: the sweep's best speedup over the one those step times imply, minus 1.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -92,7 +94,7 @@ class Score:
     speedup_inside: list[bool]
     loss_inside: list[bool]
     oracle_gap: list[float]
-    rules: list[RuleVerdict] = field(default_factory=list)
+    rules: list[RuleVerdict]
 
     @property
     def saving_error(self) -> float:
@@ -151,6 +153,53 @@ def implied_eps(error: Sequence[float], M_sum: Sequence[float]) -> float:
     return max(xi / (1 + xi) for xi in x)
 
 
+def _relative_errors(estimate: Sequence[float], true: Sequence[float]) -> list[float]:
+    return [abs(e - t) / t for e, t in zip(estimate, true)]
+
+
+def _draft_figures(prediction: Prediction, kernel: str, T: np.ndarray, V: list[float]) -> dict[str, Any]:
+    """k* from the sweep, the loss at k̂*, δ, the checks of (20)-(21) and the oracle draft's gap."""
+    acceptance, k_hat, s_hat = prediction.acceptance, prediction.k_star[kernel], prediction.speedup[kernel]
+    delta = float(step_time_delta(V, prediction.V[kernel]))
+    k_meas = [int(np.argmax(row)) for row in T]  # argmax: the smallest maximizer
+    # (20) and (21) are checked on the throughput the measured step times imply, where they are
+    # theorems (Sec. 4.3); the sweep's gap to it is the oracle draft's own (App. E), reported apart.
+    s_meas = [float(speedup(V, a, best_draft_length(V, a))) for a in acceptance]
+    loss_V = [1 - float(speedup(V, a, kh)) / s for a, kh, s in zip(acceptance, k_hat, s_meas)]
+    if delta < 1:
+        (lo, hi), bound20 = map(float, speedup_bounds(delta)), float(throughput_loss_bound(delta))
+    else:  # a step-time error of 100% or more leaves (20)-(21) nothing to say
+        (lo, hi), bound20 = (0.0, math.inf), 1.0
+    return dict(
+        delta=delta, k_star_predicted=list(k_hat), k_star_measured=k_meas,
+        loss=[float(1 - row[kh] / row[km]) for row, kh, km in zip(T, k_hat, k_meas)],
+        speedup_predicted=list(s_hat), speedup_measured=s_meas,
+        speedup_inside=[lo * (1 - 1e-12) <= sh / sm <= hi * (1 + 1e-12) for sh, sm in zip(s_hat, s_meas)],
+        loss_inside=[x <= bound20 + 1e-12 for x in loss_V],
+        oracle_gap=[float(row[k] / row[0]) / float(speedup(V, a, k)) - 1 for row, k, a in zip(T, k_meas, acceptance)],
+    )
+
+
+def table8(rules: ScoringRules, *, n_max: int, A: int, crossover_predicted: int | None,
+           crossover_measured: int | None, k_within_one: int, max_loss: float, sign_points: int,
+           sign_agree: int, tau_error: float, speedup_inside: Sequence[bool]) -> list[RuleVerdict]:
+    """The six scoring rules of Table 8, each with its value and verdict."""
+    distance = crossover_distance(crossover_predicted, crossover_measured, n_max)
+    k_min = rules.k_within_one_min(A)
+    outside = len(speedup_inside) - sum(speedup_inside)
+    return [
+        RuleVerdict("crossover within one", rules.crossover_within, distance, distance <= rules.crossover_within),
+        RuleVerdict(f"k* within one at >= {k_min} of {A} values", k_min, k_within_one, k_within_one >= k_min),
+        RuleVerdict(f"loss at most {rules.loss_max:.0%} at every value", rules.loss_max, max_loss,
+                    max_loss <= rules.loss_max),
+        RuleVerdict("sign of S(n) where the interval excludes 0 (wrong signs)", 0, sign_points - sign_agree,
+                    sign_agree == sign_points),
+        RuleVerdict(f"verify time within {rules.verify_max:.0%}, both kernels", rules.verify_max, tau_error,
+                    tau_error <= rules.verify_max),
+        RuleVerdict("best speedup inside (21) (values outside)", 0, outside, outside == 0),
+    ]
+
+
 def score(
     prediction: Prediction,
     *,
@@ -185,20 +234,6 @@ def score(
     t_slot, t_dedup = _at(tau_slot, ns, "tau_slot"), _at(tau_dedup, ns, "tau_dedup")
     S_meas = [s - d for s, d in zip(t_slot, t_dedup)] if S is None else _at(S, ns, "S")
     lo, hi = _at(S_lo, ns, "S_lo"), _at(S_hi, ns, "S_hi")
-
-    S_hat = [prediction.S[i] for i in idx]
-    err = [abs(p - m) for p, m in zip(S_hat, S_meas)]
-    M_sum = [prediction.M["slot"][i] + prediction.M["dedup"][i] for i in idx]
-    inside = [prediction.S_lo[i] <= s <= prediction.S_hi[i] for i, s in zip(idx, S_meas)]
-    amplification = [m / max(abs(s), AMPLIFICATION_FLOOR) for m, s in zip(M_sum, S_meas)]
-    c_pred, c_meas = crossover(ns, S_hat), crossover(ns, S_meas)
-    # sign rule: only where the interval excludes 0, and the predicted sign must be the same
-    decided = [(1 if l > 0 else -1, s) for l, h, s in zip(lo, hi, S_hat) if l > 0 or h < 0]
-    sign_agree = sum(sign * s > 0 for sign, s in decided)
-    rel = lambda est, true: [abs(e - t) / t for e, t in zip(est, true)]  # noqa: E731
-    err_slot = rel([prediction.tau["slot"][i] for i in idx], t_slot)
-    err_dedup = rel([prediction.tau["dedup"][i] for i in idx], t_dedup)
-
     T = np.asarray(throughput, dtype=float)
     A, K = len(prediction.acceptance), prediction.kmax + 1
     if T.shape != (A, K):
@@ -209,48 +244,28 @@ def score(
     V = [float(v) for v in V]
     if len(V) != K:
         raise ValueError(f"V has {len(V)} step times, the prediction {K} (k = 0..{K - 1})")
-    V_hat = prediction.V[kernel]
-    delta = float(step_time_delta(V, V_hat))
-    k_hat = prediction.k_star[kernel]
-    k_meas = [int(np.argmax(row)) for row in T]  # argmax: the smallest maximizer
-    loss = [1 - row[kh] / row[km] for row, kh, km in zip(T, k_hat, k_meas)]
-    s_hat = prediction.speedup[kernel]
-    # (20) and (21) are checked on the throughput the measured step times imply, where they are
-    # theorems (Sec. 4.3); the sweep's gap to it is the oracle draft's own (App. E), reported apart.
-    k_V = [best_draft_length(V, a) for a in prediction.acceptance]
-    s_meas = [float(speedup(V, a, k)) for a, k in zip(prediction.acceptance, k_V)]
-    loss_V = [1 - float(speedup(V, a, kh)) / s for a, kh, s in zip(prediction.acceptance, k_hat, s_meas)]
-    if delta < 1:
-        (lo21, hi21), bound20 = map(float, speedup_bounds(delta)), float(throughput_loss_bound(delta))
-    else:  # a step-time error of 100% or more leaves (20)-(21) nothing to say
-        (lo21, hi21), bound20 = (0.0, math.inf), 1.0
-    s_inside = [lo21 * (1 - 1e-12) <= sh / sm <= hi21 * (1 + 1e-12) for sh, sm in zip(s_hat, s_meas)]
-    loss_inside = [x <= bound20 + 1e-12 for x in loss_V]
-    gap = [(row[k] / row[0]) / float(speedup(V, a, k)) - 1
-           for row, k, a in zip(T, k_meas, prediction.acceptance)]
 
-    within = sum(abs(p - m) <= 1 for p, m in zip(k_hat, k_meas))
-    tau_error = max(err_slot + err_dedup)
-    verdicts = [
-        RuleVerdict("crossover within one", rules.crossover_within,
-                    crossover_distance(c_pred, c_meas, n_max), crossover_distance(c_pred, c_meas, n_max)
-                    <= rules.crossover_within),
-        RuleVerdict(f"k* within one at >= {rules.k_within_one_min(A)} of {A} values",
-                    rules.k_within_one_min(A), within, within >= rules.k_within_one_min(A)),
-        RuleVerdict(f"loss at most {rules.loss_max:.0%} at every value", rules.loss_max, max(loss),
-                    max(loss) <= rules.loss_max),
-        RuleVerdict("sign of S(n) where the interval excludes 0 (wrong signs)", 0, len(decided) - sign_agree,
-                    sign_agree == len(decided)),
-        RuleVerdict(f"verify time within {rules.verify_max:.0%}, both kernels", rules.verify_max, tau_error,
-                    tau_error <= rules.verify_max),
-        RuleVerdict("best speedup inside (21) (values outside)", 0, len(s_inside) - sum(s_inside), all(s_inside)),
-    ]
+    S_hat = [prediction.S[i] for i in idx]
+    err = [abs(p - m) for p, m in zip(S_hat, S_meas)]
+    M_sum = [prediction.M["slot"][i] + prediction.M["dedup"][i] for i in idx]
+    c_pred, c_meas = crossover(ns, S_hat), crossover(ns, S_meas)
+    # sign rule: only where the interval excludes 0, and the predicted sign must be the same
+    decided = [(1 if l > 0 else -1, s) for l, h, s in zip(lo, hi, S_hat) if l > 0 or h < 0]
+    sign_agree = sum(sign * s > 0 for sign, s in decided)
+    err_slot = _relative_errors([prediction.tau["slot"][i] for i in idx], t_slot)
+    err_dedup = _relative_errors([prediction.tau["dedup"][i] for i in idx], t_dedup)
+    draft = _draft_figures(prediction, kernel, T, V)
+    within = sum(abs(p - m) <= 1 for p, m in zip(draft["k_star_predicted"], draft["k_star_measured"]))
+    verdicts = table8(rules, n_max=n_max, A=A, crossover_predicted=c_pred, crossover_measured=c_meas,
+                      k_within_one=within, max_loss=max(draft["loss"]), sign_points=len(decided),
+                      sign_agree=sign_agree, tau_error=max(err_slot + err_dedup),
+                      speedup_inside=draft["speedup_inside"])
     return Score(
         kernel=kernel, version=prediction.version, n=ns, S_measured=S_meas, saving_error_by_n=err,
-        inside_band=inside, amplification=amplification, eps=prediction.eps,
-        eps_implied=implied_eps(err, M_sum), crossover_predicted=c_pred, crossover_measured=c_meas,
-        sign_points=len(decided), sign_agree=sign_agree, tau_error=tau_error, tau_error_dedup=max(err_dedup),
-        acceptance=list(prediction.acceptance), k_star_predicted=list(k_hat), k_star_measured=k_meas,
-        loss=[float(x) for x in loss], delta=delta, speedup_predicted=list(s_hat), speedup_measured=s_meas,
-        speedup_inside=s_inside, loss_inside=loss_inside, oracle_gap=[float(g) for g in gap], rules=verdicts,
+        inside_band=[prediction.S_lo[i] <= s <= prediction.S_hi[i] for i, s in zip(idx, S_meas)],
+        amplification=[m / max(abs(s), AMPLIFICATION_FLOOR) for m, s in zip(M_sum, S_meas)],
+        eps=prediction.eps, eps_implied=implied_eps(err, M_sum), crossover_predicted=c_pred,
+        crossover_measured=c_meas, sign_points=len(decided), sign_agree=sign_agree,
+        tau_error=max(err_slot + err_dedup), tau_error_dedup=max(err_dedup),
+        acceptance=list(prediction.acceptance), rules=verdicts, **draft,
     )
