@@ -95,7 +95,7 @@ def byte_share(E_dedup, E_slot):
     return exact_div(check_positive("E_dedup(n)", E_dedup), check_positive("E_slot(n)", E_slot))
 
 
-def bandwidthexact_div(beta_dedup, beta_slot):
+def bandwidth_ratio(beta_dedup, beta_slot):
     """r(n) = beta_dedup(n) / beta_slot(n)."""
     return exact_div(check_positive("beta_dedup(n)", beta_dedup), check_positive("beta_slot(n)", beta_slot))
 
