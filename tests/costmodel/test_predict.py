@@ -175,6 +175,7 @@ def test_prediction_round_trips_through_json():
         (dict(version="guess"), "version"),
         (dict(version="calibrated"), "tau_slot_measured"),
         (dict(h=[0.0] * 10), "h="),
+        (dict(h=[0.0]), "kmax"),
         (dict(tau1=-1.0), "tau1"),
         (dict(t_slot={n: op_times("slot", n) for n in range(2, 10)}), "n = 1"),
         (dict(t_dedup={n: op_times("dedup", n)[:3] for n in range(2, 10)}), "layers"),

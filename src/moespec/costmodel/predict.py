@@ -70,6 +70,40 @@ def _by_n(t_op: Mapping[Any, Any], what: str) -> dict[int, np.ndarray]:
     return dict(sorted(out.items()))
 
 
+def _operation_times(t_slot: Mapping[Any, Any], t_dedup: Mapping[Any, Any]) -> dict[str, dict[int, np.ndarray]]:
+    """{"slot": {n: t̄_{slot,l}(n)}, "dedup": {n: t̄_{dedup,l}(n)}} for n = 1..n_max, each [L], checked.
+
+    Where t_dedup has no n = 1, the one-token pass runs the per-slot kernel: t̄_{dedup,l}(1) = t̄_l(1).
+    """
+    slot, dedup = _by_n(t_slot, "t_slot"), _by_n(t_dedup, "t_dedup")
+    n_max = max(slot, default=0)
+    ns = list(range(1, n_max + 1))
+    if n_max < 2 or list(slot) != ns:
+        raise ValueError(f"t_slot has pass sizes {list(slot)}; give every n = 1..n_max (n_max >= 2), "
+                         "n = 1 included for t̄_l(1)")
+    if [n for n in dedup if n >= 2] != ns[1:]:
+        raise ValueError(f"t_dedup has pass sizes {list(dedup)}; give every n = 2..{n_max} (as t_slot)")
+    if len(dedup[2]) != len(slot[1]):
+        raise ValueError(f"t_dedup has {len(dedup[2])} layers, t_slot {len(slot[1])}; give the same layers")
+    dedup.setdefault(1, slot[1])
+    return {"slot": slot, "dedup": dict(sorted(dedup.items()))}
+
+
+def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Mapping[Any, float]) -> dict:
+    """The calibrated version: add g(n) = τ_slot(n) measured − τ̂_slot(n) to both kernels' (22).
+
+    g(n) is the growth with n outside the expert operation (attention, dense layers), read from the
+    verify times with deduplication off; it cancels in the saving and stays in the verify time.
+    """
+    measured = {int(n): float(t) for n, t in tau_slot_measured.items()}
+    missing = [n for n in ns if n not in measured]
+    if missing:
+        raise ValueError(f"tau_slot_measured lacks n = {missing}; give the measured verify time at every "
+                         f"n = 1..{ns[-1]}")
+    g = [measured[n] - tau["slot"][i] for i, n in enumerate(ns)]
+    return {p: [t + gi for t, gi in zip(tau[p], g)] for p in tau}
+
+
 def crossover(n: Sequence[int], S: Sequence[float]) -> int | None:
     """The crossover (Sec. 2): the smallest pass size n >= 2 from which the saving S stays positive.
 
@@ -188,40 +222,26 @@ def predict(
     if version not in VERSIONS:
         raise ValueError(f"version={version!r}; choose one of {VERSIONS}")
     if (version == "calibrated") != (tau_slot_measured is not None):
+        given = "given" if tau_slot_measured is not None else None
         raise ValueError("tau_slot_measured is required by the calibrated version and used by no other; "
-                         f"got version={version!r} with tau_slot_measured={'given' if tau_slot_measured else None}")
+                         f"got version={version!r} with tau_slot_measured={given}")
     eps = float(check_eps(eps))
     delta = float(check_delta(delta_from_eps(eps) if delta is None else delta))
     tau1 = float(tau1)
     if not (math.isfinite(tau1) and tau1 > 0):
         raise ValueError(f"tau1={tau1} must be a positive time in seconds")
-    slot, dedup = _by_n(t_slot, "t_slot"), _by_n(t_dedup, "t_dedup")
-    n_max = max(slot, default=0)
-    if n_max < 2:
-        raise ValueError(f"t_slot has pass sizes {list(slot)}; a prediction needs n = 1..n_max with n_max >= 2")
-    ns = list(range(1, n_max + 1))
-    if list(slot) != ns:
-        raise ValueError(f"t_slot has pass sizes {list(slot)}; give every n = 1..{n_max}, n = 1 included for t̄_l(1)")
-    if [n for n in dedup if n >= 2] != ns[1:]:
-        raise ValueError(f"t_dedup has pass sizes {list(dedup)}; give every n = 2..{n_max} (as t_slot)")
-    if len(next(iter(dedup.values()))) != len(slot[1]):
-        raise ValueError(f"t_dedup has {len(next(iter(dedup.values())))} layers, t_slot {len(slot[1])}; give the same layers")
-    dedup.setdefault(1, slot[1])
+    t_bar = _operation_times(t_slot, t_dedup)
+    ns = list(t_bar["slot"])
+    n_max = ns[-1]
     h = [float(x) for x in h]
-    if not h or len(h) > n_max or any(not math.isfinite(x) or x < 0 for x in h):
-        raise ValueError(f"h={h} must hold 1..{n_max} finite non-negative times, k = 0..kmax with kmax + 1 <= n_max")
+    if not 2 <= len(h) <= n_max or any(not math.isfinite(x) or x < 0 for x in h):
+        raise ValueError(f"h={h} must hold finite non-negative times at k = 0..kmax, "
+                         f"1 <= kmax <= n_max - 1 = {n_max - 1}")
 
-    t1 = slot[1]
-    M = {"slot": [float(slot[n].sum()) for n in ns], "dedup": [float(dedup[n].sum()) for n in ns]}
-    tau = {"slot": [tau1 + float(np.sum(slot[n] - t1)) for n in ns],
-           "dedup": [tau1 + float(np.sum(dedup[n] - t1)) for n in ns]}
+    M = {p: [float(t_bar[p][n].sum()) for n in ns] for p in ("slot", "dedup")}
+    tau = {p: [tau1 + float(np.sum(t_bar[p][n] - t_bar["slot"][1])) for n in ns] for p in ("slot", "dedup")}
     if tau_slot_measured is not None:
-        measured = {int(n): float(t) for n, t in tau_slot_measured.items()}
-        missing = [n for n in ns if n not in measured]
-        if missing:
-            raise ValueError(f"tau_slot_measured lacks n = {missing}; give the measured verify time at every n = 1..{n_max}")
-        growth = [measured[n] - tau["slot"][i] for i, n in enumerate(ns)]
-        tau = {p: [t + g for t, g in zip(tau[p], growth)] for p in tau}
+        tau = _calibrate(tau, ns, tau_slot_measured)
     tau["auto"] = [min(s, d) for s, d in zip(tau["slot"], tau["dedup"])]
 
     S = [s - d for s, d in zip(tau["slot"], tau["dedup"])]
@@ -232,7 +252,8 @@ def predict(
         version=version, n=ns, tau1=tau1, tau=tau, M=M, S=S,
         S_lo=[lo for lo, _ in band], S_hi=[hi for _, hi in band],
         # (19) with equal fixed work: ū/r = M̂ᵉ_dedup / M̂ᵉ_slot
-        sign_certain=[n >= 2 and faster_kernel_certain(M["dedup"][i] / M["slot"][i], 1.0, eps) for i, n in enumerate(ns)],
+        sign_certain=[n >= 2 and faster_kernel_certain(M["dedup"][i] / M["slot"][i], 1.0, eps)
+                      for i, n in enumerate(ns)],
         eps=eps, crossover=crossover(ns, S), h=h, V=V, acceptance=[float(a) for a in acceptance],
         k_star={p: stairs[p]["k_star"] for p in KERNELS},
         speedup={p: stairs[p]["speedup"] for p in KERNELS},
