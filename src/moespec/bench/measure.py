@@ -1,0 +1,185 @@
+"""`measure`: the whole-model measurements that predictions are scored against (cost-model paper
+Sec. 4 and App. D; engine paper Sec. 5-6), written as the "measure" artifact.
+
+In order: verify times τ_p(n) with each kernel at each depth, with S(n) and its bootstrap interval
+and τ_meas(1); the verify-batch scaling curve; the oracle sweep over k x a with each kernel (h(k),
+V(k), realized acceptance, tokens per step against G_a(k)); with a draft, the real-draft K-sweep.
+Every finished point goes to `<out stem>.points.jsonl` beside the artifact at once, so a rerun of
+the same command resumes where an interruption stopped it.
+
+Two presets: the default is demo-sized (one prompt, depth 512, 12 new tokens, the oracle sweep
+with the deduplicating kernel only) so that synthetic:olmoe-shaped fits in minutes on a laptop
+CPU; `full=True` is the paper's protocol (6 prompts, depths 512 and 4096, 256 new tokens,
+k = 0..8, 11 acceptance values, both kernels). Any knob given explicitly overrides the preset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from moespec import artifacts
+from moespec.bench import sweep, verify
+from moespec.costmodel.predict import ACCEPTANCE_GRID
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """The knobs of one measurement; `demo()` and `full()` are the two presets."""
+
+    depths: tuple[int, ...] = (512,)
+    ns: tuple[int, ...] = tuple(range(1, 10))
+    kernels: tuple[str, ...] = verify.KERNELS
+    prompts: int = 1
+    reps: int = 3
+    flush: bool = True
+    scaling_ns: tuple[int, ...] = tuple(range(1, 17))
+    scaling_kernel: str = verify.DEDUP
+    ks: tuple[int, ...] = tuple(range(0, 9))
+    acceptances: tuple[float, ...] = ACCEPTANCE_GRID
+    oracle_kernels: tuple[str, ...] = (verify.DEDUP,)
+    oracle_reps: int = 1
+    new_tokens: int = 12
+    draft_ks: tuple[int, ...] = (1, 2, 4, 6, 8)
+    temperature: float = 0.8
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("depths", "ns", "kernels", "scaling_ns", "ks", "acceptances", "oracle_kernels", "draft_ks"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not 1 <= self.prompts <= verify.PROMPT_COUNT:
+            raise ValueError(f"prompts must be 1..{verify.PROMPT_COUNT}, got {self.prompts}")
+        if min(self.reps, self.oracle_reps, self.new_tokens) < 1:
+            raise ValueError(
+                f"reps, oracle_reps and new_tokens must be >= 1, got {self.reps}, {self.oracle_reps}, {self.new_tokens}"
+            )
+        if any(d < 1 for d in self.depths) or not self.depths:
+            raise ValueError(f"depths must be positive token counts, got {self.depths}")
+        if any(not 0 <= a < 1 for a in self.acceptances):
+            raise ValueError(f"acceptances must lie in [0, 1), got {self.acceptances}")
+
+    @classmethod
+    def demo(cls, **overrides) -> "MeasureConfig":
+        return cls(**overrides)
+
+    @classmethod
+    def full(cls, **overrides) -> "MeasureConfig":
+        paper = dict(depths=(512, 4096), prompts=6, reps=5, new_tokens=256, oracle_kernels=verify.KERNELS)
+        return cls(**{**paper, **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "MeasureConfig":
+        return cls(**d)
+
+
+def _progress(total: int, enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("[bold]measure[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        disable=not enabled,
+    )
+
+
+def _draft(draft_spec: str | None, prompt_lookup: int | None, seed: int):
+    """(proposer, name) for the real-draft sweep, or (None, None)."""
+    from moespec.engine.proposers import DraftModel, PromptLookup
+    from moespec.models.load import load
+
+    if draft_spec is not None and prompt_lookup is not None:
+        raise ValueError("give one draft: draft_spec or prompt_lookup, not both")
+    if draft_spec is not None:
+        model, _ = load(draft_spec, seed=seed)
+        return DraftModel(model), draft_spec
+    if prompt_lookup is not None:
+        return PromptLookup(prompt_lookup), f"prompt-lookup:{prompt_lookup}"
+    return None, None
+
+
+def measure(
+    model_spec: str,
+    *,
+    draft_spec: str | None = None,
+    prompt_lookup: int | None = None,
+    full: bool = False,
+    out: str | Path = "measurement.json",
+    layers: int | None = None,
+    progress: bool = True,
+    on_point: Callable[[dict, bool], None] | None = None,
+    **knobs,
+) -> dict[str, Any]:
+    """Measure `model_spec` and write the "measure" artifact to `out`; returns its payload.
+
+    knobs: any `MeasureConfig` field (depths, ns, kernels, prompts, reps, ks, acceptances,
+    new_tokens, ...) overriding the preset (`full` picks the paper's). `on_point(key, resumed)` runs
+    after each point (the progress bar advances there too).
+    """
+    from moespec.models.load import load
+    from moespec.moe import registry
+
+    unknown = set(knobs) - set(MeasureConfig.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown measure knobs {sorted(unknown)}; known: {sorted(MeasureConfig.__dataclass_fields__)}")
+    cfg = MeasureConfig.full(**knobs) if full else MeasureConfig.demo(**knobs)
+    registry.register()
+    model, tokenizer = load(model_spec, seed=cfg.seed, layers=layers)
+    draft, draft_name = _draft(draft_spec, prompt_lookup, cfg.seed)
+    out = Path(out)
+    log = artifacts.PointLog(out.with_name(out.stem + ".points.jsonl"))
+    flush = verify.default_flusher(cfg.flush)
+
+    total = (
+        verify.verify_points(cfg.depths, cfg.prompts)
+        + (cfg.prompts if cfg.scaling_ns else 0)
+        + sweep.oracle_points(depths=cfg.depths, ks=cfg.ks, acceptances=cfg.acceptances,
+                              kernels=cfg.oracle_kernels, prompts=cfg.prompts, reps=cfg.oracle_reps)
+        + (sweep.draft_points(depths=cfg.depths, ks=cfg.draft_ks, prompts=cfg.prompts, reps=cfg.oracle_reps)
+           if draft is not None else 0)
+    )
+    with _progress(total, progress) as bar:
+        task = bar.add_task("verify", total=total)
+
+        def tick(key: dict, resumed: bool) -> None:
+            bar.update(task, advance=1, description=f"{key['part']} d={key['depth']}")
+            if on_point is not None:
+                on_point(key, resumed)
+
+        common = dict(prompts=cfg.prompts, flush=flush, log=log, on_point=tick)
+        verify_times = verify.run_verify(model, tokenizer, depths=cfg.depths, ns=cfg.ns, kernels=cfg.kernels,
+                                         reps=cfg.reps, **common)
+        scaling = (
+            [verify.run_scaling(model, tokenizer, depth=cfg.depths[0], ns=cfg.scaling_ns, kernel=cfg.scaling_kernel,
+                                reps=cfg.reps, **common).to_dict()]
+            if cfg.scaling_ns else []
+        )
+        sweep_common = dict(prompts=cfg.prompts, reps=cfg.oracle_reps, new_tokens=cfg.new_tokens, seed=cfg.seed,
+                            log=log, on_point=tick)
+        oracle = sweep.run_oracle(model, tokenizer, depths=cfg.depths, ks=cfg.ks, acceptances=cfg.acceptances,
+                                  kernels=cfg.oracle_kernels, **sweep_common)
+        drafted = (
+            sweep.run_draft(model, tokenizer, draft, draft_name=draft_name, depths=cfg.depths, ks=cfg.draft_ks,
+                            temperature=cfg.temperature, **sweep_common)
+            if draft is not None else []
+        )
+    payload = {
+        "model": model_spec,
+        "layers": layers,
+        "draft": draft_name,
+        "config": cfg.to_dict(),
+        "verify": [v.to_dict() for v in verify_times],
+        "scaling": scaling,
+        "oracle": oracle,
+        "draft_sweep": drafted,
+    }
+    artifacts.write(out, "measure", payload)
+    return payload
+

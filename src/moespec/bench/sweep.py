@@ -1,0 +1,386 @@
+"""Speculative sweeps: the oracle sweep over k x a (cost-model paper, Sec. 4 and App. D.2) and the
+real-draft K-sweep (engine paper, Sec. 5-6).
+
+Oracle sweep: `OracleDraft` proposes the target's greedy token, corrupted with probability 1 - a,
+so acceptance is geometric at rate a. At each draft length k = 0..8, acceptance a of the paper's
+grid and kernel, a run decodes `new_tokens` tokens from a prompt at depth d. Recorded: throughput,
+the realized acceptance (accepted over tested drafts, the MLE of a), tokens per step against
+G_a(k) = 1 + a + ... + a^k, and h(k), the time per step outside the verify pass, so that
+V(k) = τ_p(k+1) + h(k) (Sec. 3.1).
+
+Real-draft sweep: with a `DraftModel` or `PromptLookup`, the K-sweep of throughput, pooled
+acceptance and acceptance by position, TTFT, the draft / verify / sampling / other split, peak
+memory and the draft/target step-time ratio.
+
+Each run is one point of a `moespec.artifacts.PointLog`, keyed by its parameters, appended when it
+finishes: an interrupted sweep resumes at the first missing point. The prompt is prefilled once per
+(prompt, depth) and shared by every run on it (`PrefilledTarget`), so a run's clock covers decoding
+alone; the prefill time is recorded once and added back into TTFT.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from moespec.bench.verify import DEDUP, KERNELS, PREFILL_CHUNK, OnPoint, _logged, prompt_ids
+from moespec.costmodel.predict import ACCEPTANCE_GRID
+from moespec.costmodel.theory import expected_tokens
+from moespec.device import synchronize
+from moespec.engine.cached import CachedModel
+from moespec.engine.decode import generate
+from moespec.engine.proposers import OracleDraft
+
+
+class PrefilledTarget:
+    """A target whose cache holds one prompt's prefill, reused by every `generate` call on it.
+
+    It presents the `CachedModel` interface (`extend`, `truncate`, `reset`, `length`, `width`,
+    `device`, `forward_s`). Positions inside the prompt are served from the logits kept at prefill
+    (rows [P, V]); positions past it run the model on the real cache, which always holds the prompt.
+    Extending a prompt position with any other token than the prompt's raises ValueError.
+    """
+
+    def __init__(self, model, prompt: torch.Tensor):  # prompt: [P] int64
+        self.inner = CachedModel(model)
+        self.prompt = torch.as_tensor(prompt, dtype=torch.long).reshape(-1)
+        P = self.prompt.shape[0]
+        synchronize(self.inner.device)
+        t0 = time.perf_counter()
+        rows = [self.inner.extend(self.prompt[s : s + PREFILL_CHUNK]) for s in range(0, P, PREFILL_CHUNK)]
+        synchronize(self.inner.device)
+        self.prefill_s = time.perf_counter() - t0
+        self.logits = torch.cat(rows)  # [P, V] float32 CPU, row j predicts token j+1
+        self.device = self.inner.device
+        self.forward_s = 0.0
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def width(self) -> int:
+        return self.inner.width
+
+    def reset(self) -> None:
+        self._length = 0
+        self.forward_s = 0.0
+        self.inner.truncate(self.prompt.shape[0])
+
+    def truncate(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"truncate() needs n >= 0, got {n}")
+        self._length = min(self._length, n)
+        self.inner.truncate(max(self._length, self.prompt.shape[0]))
+
+    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Append tokens [n]; returns the logits of the n new positions, [n, V] float32 CPU."""
+        tokens = tokens.reshape(-1)
+        P, start, n = self.prompt.shape[0], self._length, int(tokens.shape[0])
+        inside = max(0, min(start + n, P) - start)
+        if inside and not torch.equal(tokens[:inside], self.prompt[start : start + inside]):
+            raise ValueError(
+                f"PrefilledTarget holds one prompt; positions {start}..{start + inside - 1} were extended "
+                "with other tokens. Build one PrefilledTarget per prompt."
+            )
+        parts = [self.logits[start : start + inside]]
+        if inside < n:
+            before = self.inner.forward_s
+            parts.append(self.inner.extend(tokens[inside:]))
+            self.forward_s += self.inner.forward_s - before
+        self._length = start + n
+        return torch.cat(parts)
+
+
+def _record(result, prefill_s: float, extra: dict | None = None) -> dict:
+    """What a point log keeps of one run: its Stats, the shared prefill time and extras."""
+    return {"stats": result.stats.to_dict(), "prefill_s": prefill_s, **(extra or {})}
+
+
+def _sum(runs: Sequence[dict], name: str) -> float:
+    return float(sum(r["stats"][name] for r in runs))
+
+
+def _by_position(runs: Sequence[dict], name: str, k: int) -> np.ndarray:
+    return np.sum([r["stats"][name] for r in runs], axis=0) if k else np.zeros(0)
+
+
+@dataclass(frozen=True)
+class SweepCell:
+    """Pooled figures of the runs of one sweep cell (prompts x repetitions).
+
+    Throughput is pooled: all new tokens over all decoding time; `throughput_std` is the spread of
+    the per-run figures (engine paper: mean +/- std over prompts).
+    """
+
+    k: int
+    a: float | None  # the oracle's acceptance; None for a real draft
+    runs: int
+    tokens: int
+    rounds: int
+    total_s: float
+    verify_s: float
+    draft_s: float
+    sampling_s: float
+    throughput_std: float
+    acceptance: float  # pooled: accepted / drafted
+    realized_acceptance: float  # accepted / tested, the geometric MLE of a
+    acceptance_by_position: tuple[float, ...]  # [k] accepted / drafted at position i
+    ttft_s: float  # mean over runs, prefill included
+    peak_rss_bytes: int
+    reanchors: int
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.total_s if self.total_s > 0 else float("nan")
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.rounds if self.rounds else float("nan")
+
+    @property
+    def G(self) -> float | None:
+        """G_a(k) = 1 + a + ... + a^k, the expected tokens per step under geometric acceptance."""
+        return float(expected_tokens(self.a, self.k)) if self.a is not None else None
+
+    @property
+    def step_s(self) -> float:
+        """V(k): wall time per step."""
+        return self.total_s / self.rounds if self.rounds else float("nan")
+
+    @property
+    def h(self) -> float:
+        """h(k): time per step outside the verify pass (Sec. 3.1)."""
+        return (self.total_s - self.verify_s) / self.rounds if self.rounds else float("nan")
+
+    @property
+    def latency_split_ms(self) -> dict[str, float]:
+        """Milliseconds per generated token: draft, verify, sampling, other (engine paper, Sec. 6.4)."""
+        n = max(self.tokens, 1)
+        other = max(0.0, self.total_s - self.draft_s - self.verify_s - self.sampling_s)
+        return {
+            "draft": 1e3 * self.draft_s / n,
+            "verify": 1e3 * self.verify_s / n,
+            "sampling": 1e3 * self.sampling_s / n,
+            "other": 1e3 * other / n,
+        }
+
+    @classmethod
+    def pool(cls, k: int, a: float | None, runs: Sequence[dict]) -> "SweepCell":
+        if not runs:
+            raise ValueError(f"no runs to pool at k={k}, a={a}")
+        drafted = _by_position(runs, "drafted_by_position", k)
+        accepted = _by_position(runs, "accepted_by_position", k)
+        reached = _by_position(runs, "reached_by_position", k)
+        per_run = [r["stats"]["new_tokens"] / r["stats"]["total_s"] for r in runs if r["stats"]["total_s"] > 0]
+        return cls(
+            k=k,
+            a=a,
+            runs=len(runs),
+            tokens=int(_sum(runs, "new_tokens")),
+            rounds=int(sum(len(r["stats"]["tokens_per_round"]) for r in runs)),
+            total_s=_sum(runs, "total_s"),
+            verify_s=_sum(runs, "verify_s"),
+            draft_s=_sum(runs, "draft_s"),
+            sampling_s=_sum(runs, "sampling_s"),
+            throughput_std=float(np.std(per_run)) if per_run else float("nan"),
+            acceptance=float(accepted.sum() / drafted.sum()) if drafted.sum() else float("nan"),
+            realized_acceptance=float(accepted.sum() / reached.sum()) if reached.sum() else float("nan"),
+            acceptance_by_position=tuple(float(x / d) if d else float("nan") for x, d in zip(accepted, drafted)),
+            ttft_s=float(np.mean([r["stats"]["ttft_s"] + r["prefill_s"] for r in runs])),
+            peak_rss_bytes=int(max(r["stats"]["peak_rss_bytes"] for r in runs)),
+            reanchors=int(sum(r.get("reanchors", 0) for r in runs)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "k": self.k,
+            "a": self.a,
+            "runs": self.runs,
+            "tokens": self.tokens,
+            "rounds": self.rounds,
+            "throughput": self.throughput,
+            "throughput_std": self.throughput_std,
+            "tokens_per_step": self.tokens_per_step,
+            "G": self.G,
+            "acceptance": self.acceptance,
+            "realized_acceptance": self.realized_acceptance,
+            "acceptance_by_position": list(self.acceptance_by_position),
+            "step_s": self.step_s,
+            "h": self.h,
+            "latency_split_ms": self.latency_split_ms,
+            "ttft_s": self.ttft_s,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "reanchors": self.reanchors,
+            "total_s": self.total_s,
+            "verify_s": self.verify_s,
+            "draft_s": self.draft_s,
+            "sampling_s": self.sampling_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SweepCell":
+        names = cls.__dataclass_fields__
+        return cls(**{n: tuple(d[n]) if isinstance(d[n], list) else d[n] for n in names})
+
+
+def _vocab_limit(tokenizer) -> int | None:
+    return len(tokenizer) if hasattr(tokenizer, "__len__") else None
+
+
+def _switch(model, kernel: str | None) -> None:
+    if kernel is not None:
+        model.set_experts_implementation(kernel)
+
+
+class _Prompts:
+    """Prompts at one depth, each prefilled on first use only (a resumed sweep may need none)."""
+
+    def __init__(self, model, tokenizer, depth: int, count: int):
+        self.model, self.ids = model, prompt_ids(tokenizer, depth, count)
+        self._targets: dict[int, PrefilledTarget] = {}
+
+    def target(self, i: int) -> PrefilledTarget:
+        if i not in self._targets:
+            self._targets.clear()  # one prompt's cache at a time
+            self._targets[i] = PrefilledTarget(self.model, torch.tensor(self.ids[i]))
+        return self._targets[i]
+
+
+def oracle_points(*, depths, ks, acceptances, kernels, prompts: int, reps: int) -> int:
+    """How many runs `run_oracle` logs (k = 0 runs once, not once per a)."""
+    per_k = sum(len(acceptances) if k else 1 for k in ks)
+    return len(depths) * prompts * per_k * len(kernels) * reps
+
+
+def run_oracle(
+    model,
+    tokenizer,
+    *,
+    depths: Sequence[int] = (512, 4096),
+    ks: Sequence[int] = range(0, 9),
+    acceptances: Sequence[float] = ACCEPTANCE_GRID,
+    kernels: Sequence[str] = KERNELS,
+    prompts: int = 6,
+    reps: int = 1,
+    new_tokens: int = 256,
+    seed: int = 0,
+    log=None,
+    on_point: OnPoint | None = None,
+) -> list[dict[str, Any]]:
+    """The oracle sweep; one entry per (kernel, depth) with a cell per (k, a), h(k) and V(k).
+
+    Kernels alternate innermost, run by run, so drift falls on both alike. Greedy decoding; the
+    oracle's corruption flags are seeded by (seed, prompt, repetition).
+    """
+    ks = sorted(set(int(k) for k in ks))
+    runs: dict[tuple, list[dict]] = {}
+    for depth in depths:
+        cache = _Prompts(model, tokenizer, depth, prompts)
+        for i in range(prompts):
+            for k in ks:
+                for a in acceptances if k else [None]:
+                    for rep in range(reps):
+                        for kernel in kernels:
+                            key = {"part": "oracle", "kernel": kernel, "depth": depth, "prompt": i, "k": k,
+                                   "a": a, "rep": rep, "new_tokens": new_tokens, "seed": seed}
+
+                            def run(i=i, k=k, a=a, rep=rep, kernel=kernel):
+                                target = cache.target(i)
+                                _switch(model, kernel)
+                                oracle = OracleDraft(a, seed=seed + 7919 * i + 104729 * rep) if k else None
+                                result = generate(target, cache.ids[i], draft=oracle, k=k, temperature=0.0,
+                                                  max_new_tokens=new_tokens, seed=seed + i,
+                                                  vocab_limit=_vocab_limit(tokenizer))
+                                return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0})
+
+                            runs.setdefault((kernel, depth, k, a), []).append(_logged(log, key, run, on_point))
+    out = []
+    for kernel in kernels:
+        for depth in depths:
+            cells = []
+            for k in ks:
+                for a in acceptances if k else [None]:
+                    cells.append(SweepCell.pool(k, a, runs[(kernel, depth, k, a)]).to_dict())
+            at_k = {k: SweepCell.pool(k, None, [r for (p, d, kk, _), rs in runs.items()
+                                                if (p, d, kk) == (kernel, depth, k) for r in rs]) for k in ks}
+            out.append({
+                "kernel": kernel,
+                "depth": depth,
+                "cells": cells,
+                "h": {str(k): c.h for k, c in at_k.items()},
+                "V": {str(k): c.step_s for k, c in at_k.items()},
+            })
+    return out
+
+
+def draft_points(*, depths, ks, prompts: int, reps: int) -> int:
+    """How many runs `run_draft` logs (k = 0, the baseline, is always included)."""
+    return len(depths) * prompts * len(set(ks) | {0}) * reps
+
+
+def run_draft(
+    model,
+    tokenizer,
+    draft,
+    *,
+    draft_name: str,
+    depths: Sequence[int] = (512,),
+    ks: Sequence[int] = (1, 2, 4, 6, 8),
+    prompts: int = 6,
+    reps: int = 1,
+    new_tokens: int = 96,
+    temperature: float = 0.8,
+    kernel: str | None = DEDUP,
+    seed: int = 0,
+    log=None,
+    on_point: OnPoint | None = None,
+) -> list[dict[str, Any]]:
+    """The real-draft K-sweep (engine paper, Sec. 6.2-6.4), one entry per depth.
+
+    `draft` is a proposer (`DraftModel`, `PromptLookup`) or a causal LM; k = 0 (plain decoding) is
+    the baseline of every speedup. The draft/target step-time ratio is the draft's time per drafted
+    token over the baseline's time per step (Sec. 7).
+    """
+    ks = sorted(set(int(k) for k in ks) | {0})
+    out = []
+    for depth in depths:
+        cache = _Prompts(model, tokenizer, depth, prompts)
+        runs: dict[int, list[dict]] = {k: [] for k in ks}
+        for i in range(prompts):
+            for k in ks:
+                for rep in range(reps):
+                    key = {"part": "draft", "draft": draft_name, "kernel": kernel, "depth": depth, "prompt": i,
+                           "k": k, "rep": rep, "new_tokens": new_tokens, "temperature": temperature, "seed": seed}
+
+                    def run(i=i, k=k, rep=rep):
+                        target = cache.target(i)
+                        _switch(model, kernel)
+                        result = generate(target, cache.ids[i], draft=draft if k else None, k=k,
+                                          temperature=temperature, max_new_tokens=new_tokens,
+                                          seed=seed + 1000 * rep + i, vocab_limit=_vocab_limit(tokenizer))
+                        return _record(result, target.prefill_s)
+
+                    runs[k].append(_logged(log, key, run, on_point))
+        cells = {k: SweepCell.pool(k, None, rs) for k, rs in runs.items()}
+        base = cells[0]
+        drafted = sum(sum(r["stats"]["drafted_by_position"]) for k in ks if k for r in runs[k])
+        draft_s = sum(c.draft_s for c in cells.values() if c.k)
+        draft_step = draft_s / drafted if drafted else float("nan")
+        out.append({
+            "depth": depth,
+            "draft": draft_name,
+            "kernel": kernel,
+            "cells": [c.to_dict() for c in cells.values()],
+            "baseline_throughput": base.throughput,
+            "speedup": {str(k): c.throughput / base.throughput for k, c in cells.items()},
+            "draft_step_s": draft_step,
+            "target_step_s": base.step_s,
+            "draft_target_ratio": draft_step / base.step_s,
+        })
+    return out

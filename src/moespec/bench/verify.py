@@ -1,0 +1,360 @@
+"""Verify time τ_p(n) of whole-model passes, the saving S(n) with its bootstrap interval, and the
+verify-batch scaling curve.
+
+τ_p(n) is the time of one forward pass of n tokens with kernel p while the KV cache holds a prompt
+of depth d (cost-model paper, eq. (5); Sec. 4 and App. D). Each prompt is prefilled once per depth;
+then every (n, kernel) pass is timed as `extend(n tokens)` with the cache cut back to d tokens
+before each call, outside the timed interval. Kernels alternate call by call, so slow drift of the
+machine falls on both alike. The saving S(n) = τ_slot(n) − τ_dedup(n) (eq. (6)) gets a 95%
+bootstrap interval that resamples prompts, then repetitions within each prompt, pairing the two
+kernels' samples of the same (prompt, repetition).
+
+The verify-batch scaling curve (engine paper, Sec. 6.5 and 7) is τ(n)/τ(1) for n = 1..16 with one
+kernel: how far "parallel" verification is from costing one decode step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from moespec.bench.timing import CacheFlusher, Timing, measure
+
+SLOT, DEDUP = "moespec_slot", "moespec_dedup"
+KERNELS = (SLOT, DEDUP)
+PROMPT_COUNT = 6
+PROMPT_SEPARATOR = "\n\n"
+PREFILL_CHUNK = 512
+
+
+def prompt_texts(count: int = PROMPT_COUNT) -> list[str]:
+    """The texts of the first `count` built-in prompts (moespec/data/prompts/p1.txt ...)."""
+    if not 1 <= count <= PROMPT_COUNT:
+        raise ValueError(f"count must be 1..{PROMPT_COUNT} (the built-in prompts), got {count}")
+    folder = resources.files("moespec") / "data" / "prompts"
+    return [(folder / f"p{i}.txt").read_text(encoding="utf-8") for i in range(1, count + 1)]
+
+
+def prompt_ids(tokenizer, length: int, count: int = PROMPT_COUNT) -> list[list[int]]:
+    """`count` token-id prompts of exactly `length` tokens each.
+
+    Prompt i is p_i, followed (when p_i alone is shorter than `length` tokens, as with a subword
+    tokenizer at depth 4096) by p_{i+1}, p_{i+2}, ... cyclically, joined by a blank line, then cut
+    to `length`. With the synthetic presets' byte tokenizer one byte is one token, and each prompt
+    of >= 5000 bytes covers depth 4096 plus a pass of 16 on its own.
+    """
+    if length < 1:
+        raise ValueError(f"length must be >= 1 token, got {length}")
+    texts = prompt_texts(PROMPT_COUNT)
+    if not 1 <= count <= len(texts):
+        raise ValueError(f"count must be 1..{len(texts)} (the built-in prompts), got {count}")
+    pieces = [tokenizer.encode(t + PROMPT_SEPARATOR) for t in texts]
+    if not any(pieces):
+        raise ValueError(f"the tokenizer {tokenizer!r} gives no tokens for the built-in prompts")
+    out = []
+    for i in range(count):
+        ids: list[int] = []
+        j = i
+        while len(ids) < length:
+            ids.extend(pieces[j % len(pieces)])
+            j += 1
+        out.append(ids[:length])
+    return out
+
+
+@dataclass(frozen=True)
+class Saving:
+    """S(n) = τ_slot(n) − τ_dedup(n) (eq. (6)) in seconds, with its bootstrap interval [lo, hi]."""
+
+    n: int
+    point: float
+    lo: float
+    hi: float
+    level: float = 0.95
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.lo > 0 or self.hi < 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "point": self.point, "lo": self.lo, "hi": self.hi, "level": self.level}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Saving":
+        return cls(**d)
+
+
+def bootstrap_saving(
+    slot: np.ndarray,  # [P, R] seconds, per-slot kernel, prompt x repetition
+    dedup: np.ndarray,  # [P, R] seconds, deduplicating kernel, paired with `slot`
+    *,
+    resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(point, lo, hi) of S = median(slot) − median(dedup), eq. (6), with a percentile interval.
+
+    Each resample draws P prompts with replacement, then R repetitions with replacement within
+    each drawn prompt; the same (prompt, repetition) indices go to both kernels, which were timed
+    back to back.
+    """
+    slot, dedup = np.asarray(slot, dtype=float), np.asarray(dedup, dtype=float)
+    if slot.ndim != 2 or slot.shape != dedup.shape or slot.size == 0:
+        raise ValueError(
+            f"slot and dedup must be non-empty [prompts, reps] arrays of one shape, got {slot.shape} and {dedup.shape}"
+        )
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    P, R = slot.shape
+    rng = np.random.default_rng(seed)
+    pi = rng.integers(P, size=(resamples, P, 1))
+    ri = rng.integers(R, size=(resamples, P, R))
+    flat = (resamples, P * R)
+    stats = np.median(slot[pi, ri].reshape(flat), axis=1) - np.median(dedup[pi, ri].reshape(flat), axis=1)
+    point = float(np.median(slot) - np.median(dedup))
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(stats, [alpha, 1 - alpha])
+    return point, float(lo), float(hi)
+
+
+def _as_samples(d: dict) -> dict[int, np.ndarray]:
+    return {int(n): np.asarray(v, dtype=float) for n, v in d.items()}
+
+
+@dataclass(frozen=True)
+class VerifyTimes:
+    """Verify-pass samples at one depth d.
+
+    samples[kernel][n] holds seconds shaped [P, R] (prompt x repetition); the medians are τ_p(n).
+    """
+
+    depth: int
+    samples: dict[str, dict[int, np.ndarray]]
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        return tuple(self.samples)
+
+    @property
+    def ns(self) -> tuple[int, ...]:
+        return tuple(sorted(next(iter(self.samples.values()))))
+
+    def tau(self, kernel: str) -> dict[int, float]:
+        """τ_p(n): the median over prompts and repetitions, seconds."""
+        return {n: float(np.median(s)) for n, s in sorted(self.samples[kernel].items())}
+
+    @property
+    def tau_meas_1(self) -> float:
+        """τ_meas(1), the one-token verify time of eq. (22): the per-slot kernel's (or the only one's)."""
+        kernel = SLOT if SLOT in self.samples else self.kernels[0]
+        return self.tau(kernel)[1] if 1 in self.samples[kernel] else float("nan")
+
+    def savings(self, *, resamples: int = 2000, seed: int = 0) -> list[Saving]:
+        """S(n) with its 95% bootstrap interval at every measured n; empty unless both kernels ran."""
+        if not (SLOT in self.samples and DEDUP in self.samples):
+            return []
+        out = []
+        for n in self.ns:
+            point, lo, hi = bootstrap_saving(
+                self.samples[SLOT][n], self.samples[DEDUP][n], resamples=resamples, seed=seed + n
+            )
+            out.append(Saving(n=n, point=point, lo=lo, hi=hi))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "depth": self.depth,
+            "ns": list(self.ns),
+            "tau": {p: {str(n): t for n, t in self.tau(p).items()} for p in self.kernels},
+            "tau_meas_1": self.tau_meas_1,
+            "saving": [s.to_dict() for s in self.savings()],
+            "samples": {p: {str(n): s.tolist() for n, s in sorted(ns.items())} for p, ns in self.samples.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "VerifyTimes":
+        return cls(depth=int(d["depth"]), samples={p: _as_samples(v) for p, v in d["samples"].items()})
+
+
+@dataclass(frozen=True)
+class ScalingCurve:
+    """Verify-batch scaling at depth d with one kernel: samples[n] seconds shaped [P, R]."""
+
+    depth: int
+    kernel: str
+    samples: dict[int, np.ndarray]
+
+    @property
+    def ratio(self) -> dict[int, float]:
+        """τ(n)/τ(1): an n-token pass over a 1-token pass (engine paper, Sec. 6.5)."""
+        t1 = float(np.median(self.samples[1]))
+        return {n: float(np.median(s)) / t1 for n, s in sorted(self.samples.items())}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "depth": self.depth,
+            "kernel": self.kernel,
+            "ratio": {str(n): r for n, r in self.ratio.items()},
+            "samples": {str(n): s.tolist() for n, s in sorted(self.samples.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ScalingCurve":
+        return cls(depth=int(d["depth"]), kernel=d["kernel"], samples=_as_samples(d["samples"]))
+
+
+def time_passes(
+    model,
+    ids: Sequence[int],
+    depth: int,
+    ns: Iterable[int],
+    kernels: Sequence[str | None],
+    *,
+    reps: int = 5,
+    warmup: int = 1,
+    flush: Callable[[], None] | None = None,
+) -> dict[str, dict[str, list[float]]]:
+    """Seconds of `reps` passes of n tokens on one prompt prefilled to `depth`, per kernel and n.
+
+    `ids` holds the prompt: its first `depth` tokens fill the cache once, and the pass of n tokens
+    is ids[depth : depth + n]. Kernels are switched with `model.set_experts_implementation`
+    (None keeps the model's current one) and alternate call by call. Returns {kernel: {str(n): [R]}},
+    keyed as JSON keeps it, so a fresh result and one read back from a point log look alike.
+    """
+    from moespec.engine.cached import CachedModel
+
+    ns = sorted(set(int(n) for n in ns))
+    if not ns or ns[0] < 1:
+        raise ValueError(f"pass sizes must be >= 1, got {ns}")
+    if depth < 1 or len(ids) < depth + ns[-1]:
+        raise ValueError(f"prompt of {len(ids)} tokens cannot hold depth {depth} plus a pass of {ns[-1]}")
+    ids = torch.as_tensor(list(ids), dtype=torch.int64)  # [len(ids)]
+    cached = CachedModel(model)
+    for start in range(0, depth, PREFILL_CHUNK):  # chunks bound the [chunk, V] logits of a subword vocabulary
+        cached.extend(ids[start : min(start + PREFILL_CHUNK, depth)])
+
+    def cut_back() -> None:
+        cached.truncate(depth)
+        if flush is not None:
+            flush()
+
+    def switch(kernel: str | None) -> None:
+        if kernel is not None:
+            model.set_experts_implementation(kernel)
+
+    names = [str(k) for k in kernels]
+    out: dict[str, dict[str, list[float]]] = {name: {str(n): [] for n in ns} for name in names}
+    for n in ns:
+        tokens = ids[depth : depth + n]
+        for kernel in kernels:
+            switch(kernel)
+            measure(lambda: cached.extend(tokens), reps=1, warmup=warmup, flush=cut_back)
+        for _ in range(reps):
+            for kernel, name in zip(kernels, names):
+                switch(kernel)
+                t: Timing = measure(lambda: cached.extend(tokens), reps=1, warmup=0, flush=cut_back)
+                out[name][str(n)].append(t.samples[0])
+    cached.truncate(depth)
+    return out
+
+
+def default_flusher(enabled: bool) -> Callable[[], None] | None:
+    """The App. D cache flush before every timed pass, or None when `enabled` is False."""
+    return CacheFlusher() if enabled else None
+
+
+OnPoint = Callable[[dict, bool], None]  # (key, resumed) after each point, measured or read back
+
+
+def _logged(log, key: dict, compute: Callable[[], Any], on_point: OnPoint | None) -> Any:
+    """The value of point `key`: from the log when there, else computed and appended at once."""
+    resumed = log is not None and log.has(key)
+    if resumed:
+        value = log.get(key)
+    else:
+        value = compute()
+        if log is not None:
+            log.append(key, value)
+    if on_point is not None:
+        on_point(key, resumed)
+    return value
+
+
+def verify_points(depths: Sequence[int], prompts: int) -> int:
+    """How many points `run_verify` logs: one per (depth, prompt)."""
+    return len(depths) * prompts
+
+
+def run_verify(
+    model,
+    tokenizer,
+    *,
+    depths: Sequence[int] = (512, 4096),
+    ns: Sequence[int] = range(1, 10),
+    kernels: Sequence[str] = KERNELS,
+    prompts: int = PROMPT_COUNT,
+    reps: int = 5,
+    warmup: int = 1,
+    flush: Callable[[], None] | None = None,
+    log=None,
+    on_point: OnPoint | None = None,
+) -> list[VerifyTimes]:
+    """τ_p(n) at each depth on `prompts` built-in prompts; one logged point per (depth, prompt).
+
+    `log` is a `moespec.artifacts.PointLog`: finished points are read back instead of measured.
+    """
+    ns = sorted(set(int(n) for n in ns))
+    out = []
+    for depth in depths:
+        per_prompt = []
+        for i, ids in enumerate(prompt_ids(tokenizer, depth + ns[-1], prompts)):
+            key = {"part": "verify", "depth": depth, "prompt": i, "ns": ns, "kernels": list(kernels), "reps": reps}
+            per_prompt.append(
+                _logged(
+                    log,
+                    key,
+                    lambda: time_passes(model, ids, depth, ns, kernels, reps=reps, warmup=warmup, flush=flush),
+                    on_point,
+                )
+            )
+        samples = {
+            str(p): {n: np.array([pp[str(p)][str(n)] for pp in per_prompt]) for n in ns} for p in kernels
+        }
+        out.append(VerifyTimes(depth=depth, samples=samples))
+    return out
+
+
+def run_scaling(
+    model,
+    tokenizer,
+    *,
+    depth: int = 512,
+    ns: Sequence[int] = range(1, 17),
+    kernel: str | None = DEDUP,
+    prompts: int = 2,
+    reps: int = 3,
+    warmup: int = 1,
+    flush: Callable[[], None] | None = None,
+    log=None,
+    on_point: OnPoint | None = None,
+) -> ScalingCurve:
+    """The verify-batch scaling curve τ(n)/τ(1), n = 1..16, at one depth with one kernel."""
+    ns = sorted(set(int(n) for n in ns) | {1})
+    rows = []
+    for i, ids in enumerate(prompt_ids(tokenizer, depth + ns[-1], prompts)):
+        key = {"part": "scaling", "depth": depth, "prompt": i, "ns": ns, "kernel": kernel, "reps": reps}
+        value = _logged(
+            log,
+            key,
+            lambda: time_passes(model, ids, depth, ns, [kernel], reps=reps, warmup=warmup, flush=flush),
+            on_point,
+        )
+        rows.append(value[str(kernel)])
+    samples = {n: np.array([r[str(n)] for r in rows]) for n in ns}
+    return ScalingCurve(depth=depth, kernel=str(kernel), samples=samples)

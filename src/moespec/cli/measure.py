@@ -1,0 +1,60 @@
+"""moespec measure: verify times, the oracle sweep and the real-draft K-sweep of one model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from moespec.cli.app import app
+
+
+@app.command("measure")
+def measure_command(
+    model: str = typer.Option(..., "--model", help="target: synthetic:NAME or a local checkpoint folder"),
+    draft: Optional[str] = typer.Option(None, "--draft", help="draft model spec for the real-draft K-sweep"),
+    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="n-gram size: prompt lookup as the draft"),
+    depth: Optional[list[int]] = typer.Option(None, "--depth", help="context depth d in tokens (repeatable)"),
+    full: bool = typer.Option(False, "--full", help="the paper's protocol: 6 prompts, d=512 and 4096, 256 tokens"),
+    reps: Optional[int] = typer.Option(None, "--reps", help="repetitions of each verify pass"),
+    prompts: Optional[int] = typer.Option(None, "--prompts", help="built-in prompts to use (1..6)"),
+    new_tokens: Optional[int] = typer.Option(None, "--new-tokens", help="tokens generated per sweep run"),
+    k: Optional[list[int]] = typer.Option(None, "--k", help="draft length of the oracle sweep (repeatable)"),
+    acceptance: Optional[list[float]] = typer.Option(None, "--acceptance", help="oracle acceptance a (repeatable)"),
+    n_max: Optional[int] = typer.Option(None, "--n-max", help="largest verify pass size n (default 9)"),
+    layers: Optional[int] = typer.Option(None, "--layers", help="layers of a synthetic preset"),
+    flush: bool = typer.Option(True, "--flush/--no-flush", help="flush the cache before each timed pass (App. D)"),
+    out: Path = typer.Option(Path("measurement.json"), "--out", help="where to write the measure artifact"),
+) -> None:
+    """Measure τ_p(n), S(n), the scaling curve, h(k) and the oracle (and draft) sweeps; resumable."""
+    from moespec.bench.measure import measure
+
+    knobs = dict(depths=depth or None, reps=reps, prompts=prompts, new_tokens=new_tokens, ks=k or None,
+                 acceptances=acceptance or None, ns=range(1, n_max + 1) if n_max else None)
+    knobs = {name: value for name, value in knobs.items() if value is not None}
+    if not flush:
+        knobs["flush"] = False
+    try:
+        payload = measure(model, draft_spec=draft, prompt_lookup=prompt_lookup, full=full, out=out, layers=layers, **knobs)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    console = Console()
+    table = Table("depth", "n", "τ_slot ms", "τ_dedup ms", "S(n) ms [95% CI]", title=f"verify times, {model}")
+    for v in payload["verify"]:
+        savings = {s["n"]: s for s in v["saving"]}
+        tau = v["tau"]
+        for n in v["ns"]:
+            s = savings.get(n)
+            table.add_row(
+                str(v["depth"]), str(n),
+                *(f"{1e3 * tau[p][str(n)]:.2f}" if p in tau else "-" for p in ("moespec_slot", "moespec_dedup")),
+                f"{1e3 * s['point']:+.2f} [{1e3 * s['lo']:+.2f}, {1e3 * s['hi']:+.2f}]" if s else "-",
+            )
+    console.print(table)
+    for entry in payload["oracle"]:
+        h = ", ".join(f"{1e3 * float(x):.1f}" for x in entry["h"].values())
+        console.print(f"oracle sweep {entry['kernel']} d={entry['depth']}: h(k) ms = {h}")
+    console.print(f"wrote {out}")

@@ -1,0 +1,118 @@
+"""Tests of bench.verify: prompts at depth, the bootstrap of S(n), verify times and their resumption."""
+
+import numpy as np
+import pytest
+
+from moespec.artifacts import PointLog
+from moespec.bench.verify import (
+    DEDUP, SLOT, ScalingCurve, VerifyTimes, bootstrap_saving, prompt_ids, prompt_texts, run_scaling, run_verify,
+)
+from moespec.models.synthetic import build
+from moespec.models.tokenizer import ByteTokenizer
+from moespec.moe import registry
+
+
+class FourBytes:
+    """A stand-in subword tokenizer: one token per 4 bytes, so 4096 tokens need several prompts."""
+
+    def encode(self, text):
+        data = text.encode()
+        return [int.from_bytes(data[i:i + 4].ljust(4, b"\0"), "little") % 1000 for i in range(0, len(data), 4)]
+
+
+def test_prompt_ids_have_exact_length_and_start_with_their_prompt():
+    tok = ByteTokenizer()
+    texts = prompt_texts()
+    ids = prompt_ids(tok, 4096 + 9, 6)
+    assert [len(x) for x in ids] == [4105] * 6
+    for text, x in zip(texts, ids):
+        assert len(text.encode()) >= 5000  # one prompt covers depth 4096 + 9 under the byte tokenizer
+        assert x == tok.encode(text)[:4105]
+
+
+def test_short_tokenizations_are_filled_with_the_next_prompts():
+    ids = prompt_ids(FourBytes(), 4096, 3)
+    texts = prompt_texts()
+    first = FourBytes().encode(texts[0] + "\n\n")
+    assert len(first) < 4096 and all(len(x) == 4096 for x in ids)
+    assert ids[0][: len(first)] == first
+    assert ids[0][len(first): len(first) + 8] == FourBytes().encode(texts[1] + "\n\n")[:8]
+
+
+@pytest.mark.parametrize("bad", [dict(length=0), dict(length=8, count=7), dict(length=8, count=0)])
+def test_prompt_ids_reject_bad_arguments(bad):
+    with pytest.raises(ValueError):
+        prompt_ids(ByteTokenizer(), **{"count": 2, **bad})
+
+
+def test_bootstrap_interval_holds_the_point_and_narrows_with_more_data():
+    rng = np.random.default_rng(1)
+    widths = []
+    for P, R in [(3, 3), (6, 40)]:
+        slot = 1.0 + 0.05 * rng.standard_normal((P, R))
+        dedup = 0.9 + 0.05 * rng.standard_normal((P, R))
+        point, lo, hi = bootstrap_saving(slot, dedup, seed=0)
+        assert lo <= point <= hi
+        assert point == pytest.approx(np.median(slot) - np.median(dedup))
+        widths.append(hi - lo)
+    # 9 against 240 samples: the interval must shrink (by about sqrt(240/9) ~ 5 for a median)
+    assert widths[1] < widths[0] / 2
+    assert bootstrap_saving(slot, dedup, seed=3) == bootstrap_saving(slot, dedup, seed=3)  # seeded
+
+
+def test_bootstrap_rejects_mismatched_samples():
+    with pytest.raises(ValueError, match="shape"):
+        bootstrap_saving(np.ones((2, 3)), np.ones((3, 2)))
+    with pytest.raises(ValueError, match="level"):
+        bootstrap_saving(np.ones((2, 3)), np.ones((2, 3)), level=1.5)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    registry.register()
+    return build("olmoe-tiny", seed=0)
+
+
+def test_verify_times_structure_and_invariants(tiny, tmp_path):
+    model, tok = tiny
+    log = PointLog(tmp_path / "v.points.jsonl")
+    (vt,) = run_verify(model, tok, depths=(24,), ns=(1, 2, 3), prompts=2, reps=3, log=log)
+    assert vt.depth == 24 and vt.ns == (1, 2, 3) and set(vt.kernels) == {SLOT, DEDUP}
+    for p in vt.kernels:
+        assert all(s.shape == (2, 3) for s in vt.samples[p].values())
+        assert all(t > 0 for t in vt.tau(p).values())
+    assert vt.tau_meas_1 == vt.tau(SLOT)[1] > 0
+    savings = vt.savings()
+    assert [s.n for s in savings] == [1, 2, 3]
+    assert all(s.lo <= s.point <= s.hi for s in savings)
+    back = VerifyTimes.from_dict(vt.to_dict())
+    assert back.tau(DEDUP) == vt.tau(DEDUP) and len(log) == 2
+
+
+def test_verify_resumes_without_remeasuring(tiny, tmp_path):
+    model, tok = tiny
+    path = tmp_path / "v.points.jsonl"
+    seen = []
+
+    def stop_after_one(key, resumed):
+        seen.append((key["prompt"], resumed))
+        if len(seen) == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_verify(model, tok, depths=(16,), ns=(1, 2), prompts=3, reps=2, log=PointLog(path), on_point=stop_after_one)
+    first = PointLog(path).get(next(iter(dict(PointLog(path).items()))))
+    seen.clear()
+    (vt,) = run_verify(model, tok, depths=(16,), ns=(1, 2), prompts=3, reps=2, log=PointLog(path),
+                       on_point=lambda key, resumed: seen.append((key["prompt"], resumed)))
+    assert seen == [(0, True), (1, False), (2, False)]
+    assert vt.samples[SLOT][1][0].tolist() == first[SLOT]["1"]  # the finished point is read back, not redone
+    assert len(PointLog(path)) == 3
+
+
+def test_scaling_curve_is_relative_to_one_token(tiny):
+    model, tok = tiny
+    curve = run_scaling(model, tok, depth=16, ns=range(1, 6), prompts=1, reps=2)
+    assert curve.ratio[1] == 1.0 and sorted(curve.ratio) == [1, 2, 3, 4, 5]
+    assert all(r > 0 for r in curve.ratio.values())
+    assert ScalingCurve.from_dict(curve.to_dict()).ratio == curve.ratio
