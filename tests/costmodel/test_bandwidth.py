@@ -74,3 +74,8 @@ def test_quartiles():
     assert q == {"median": 3.0, "q1": 2.0, "q3": 4.0}
     with pytest.raises(ValueError):
         quartiles([])
+
+
+def test_verdict_without_a_usable_eps_is_never_certain():
+    v = verdict(0.2, 0.9, 1.5)
+    assert v["dedup_faster"] is True and v["certain"] is False and v["margin"] == float("-inf")

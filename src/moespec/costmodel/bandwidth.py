@@ -83,15 +83,19 @@ def sign_margin(u_bar_n, r_n, eps) -> float:
 def verdict(u_bar_n, r_n, eps) -> dict:
     """The verdict of (7) at one pass size, with the margin (19) for the engine's bandwidth error eps.
 
-    Returns {"u_bar", "r", "dedup_faster": u_bar < r, "margin": (19) margin, "certain": (19) holds}.
+    Returns {"u_bar", "r", "dedup_faster": u_bar < r, "margin": (19) margin, "certain": (19) holds};
+    an eps >= 1 (a fit worse than 100%) gives margin -inf and no certain verdict.
     """
-    margin = sign_margin(u_bar_n, r_n, eps)
+    if eps >= 1:  # no bound: a bandwidth error of 100% or more can flip any verdict
+        margin, certain = float("-inf"), False
+    else:
+        margin, certain = sign_margin(u_bar_n, r_n, eps), faster_kernel_certain(u_bar_n, r_n, eps)
     return {
         "u_bar": float(u_bar_n),
         "r": float(r_n),
         "dedup_faster": bool(dedup_faster(u_bar_n, r_n)),
         "margin": margin,
-        "certain": faster_kernel_certain(u_bar_n, r_n, eps),
+        "certain": certain,
     }
 
 
