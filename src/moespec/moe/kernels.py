@@ -54,6 +54,57 @@ def _finish(
     return weighted.sum(dim=1).to(dtype)
 
 
+def _needs_grad(views: ExpertViews, hidden_states: torch.Tensor) -> bool:
+    """True where autograd must see the products, so they cannot write into preallocated `out=` rows."""
+    return torch.is_grad_enabled() and (hidden_states.requires_grad or views.up[0].requires_grad)
+
+
+def _slot_products(
+    mats: tuple[torch.Tensor, ...],  # N views [R, C]
+    biases: tuple[torch.Tensor, ...] | None,  # N views [R]
+    ids: list[int],  # [S]
+    vectors: list[torch.Tensor],  # S views [C]
+    out: torch.Tensor | None,  # [S, R], or None to build the result for autograd
+) -> torch.Tensor:  # [S, R]
+    """y_s = mats[ids[s]] @ vectors[s] (+ biases[ids[s]]): one matrix-vector product per slot."""
+    if out is None:
+        if biases is None:
+            return torch.stack([torch.mv(mats[e], v) for e, v in zip(ids, vectors)])
+        return torch.stack([torch.addmv(biases[e], mats[e], v) for e, v in zip(ids, vectors)])
+    if biases is None:
+        for e, v, y in zip(ids, vectors, out.unbind(0)):
+            torch.mv(mats[e], v, out=y)
+    else:
+        for e, v, y in zip(ids, vectors, out.unbind(0)):
+            torch.addmv(biases[e], mats[e], v, out=y)
+    return out
+
+
+def _group_products(
+    mats_t: tuple[torch.Tensor, ...],  # N views [C, R]
+    biases: tuple[torch.Tensor, ...] | None,  # N views [R]
+    groups: list[tuple[int, int, int]],  # (expert, start, end) over the grouped rows
+    rows: torch.Tensor,  # [S, C], grouped by expert
+    out: torch.Tensor | None,  # [S, R], or None to build the result for autograd
+) -> torch.Tensor:  # [S, R]
+    """Y[lo:hi] = rows[lo:hi] @ mats_t[e] (+ biases[e]): one matrix product per distinct expert."""
+    if out is None:
+        if biases is None:
+            return torch.cat([torch.mm(rows[lo:hi], mats_t[e]) for e, lo, hi in groups])
+        return torch.cat([torch.addmm(biases[e], rows[lo:hi], mats_t[e]) for e, lo, hi in groups])
+    if biases is None:
+        for e, lo, hi in groups:
+            torch.mm(rows[lo:hi], mats_t[e], out=out[lo:hi])
+    else:
+        for e, lo, hi in groups:
+            torch.addmm(biases[e], rows[lo:hi], mats_t[e], out=out[lo:hi])
+    return out
+
+
+def _buffer(S: int, width: int, views: ExpertViews, like: torch.Tensor, grad: bool) -> torch.Tensor | None:
+    return None if grad else torch.empty(S, width, dtype=views.dtype, device=like.device)
+
+
 def per_slot(
     experts: torch.nn.Module,
     hidden_states: torch.Tensor,  # [T, H]
@@ -67,30 +118,17 @@ def per_slot(
     """
     views = expert_views(experts)
     _check(hidden_states, top_k_index, top_k_weights, views)
+    grad = _needs_grad(views, hidden_states)
     T, m = top_k_index.shape
     S = T * m
     x_rows = hidden_states.to(views.dtype).unbind(0)  # T views [H]
     slot_x = [x for x in x_rows for _ in range(m)]  # S views [H]
     ids = top_k_index.reshape(-1).tolist()  # the one host sync
-
-    up_out = torch.empty(S, views.up_width, dtype=views.dtype, device=hidden_states.device)
-    up, up_bias = views.up, views.up_bias
-    if up_bias is None:
-        for e, x, y in zip(ids, slot_x, up_out.unbind(0)):
-            torch.mv(up[e], x, out=y)
-    else:
-        for e, x, y in zip(ids, slot_x, up_out.unbind(0)):
-            torch.addmv(up_bias[e], up[e], x, out=y)
-
+    up_out = _slot_products(views.up, views.up_bias, ids, slot_x, _buffer(S, views.up_width, views, hidden_states, grad))
     act = views.activation(experts, up_out)  # [S, I]
-    down_out = torch.empty(S, views.hidden_size, dtype=views.dtype, device=hidden_states.device)
-    down, down_bias = views.down, views.down_bias
-    if down_bias is None:
-        for e, a, y in zip(ids, act.unbind(0), down_out.unbind(0)):
-            torch.mv(down[e], a, out=y)
-    else:
-        for e, a, y in zip(ids, act.unbind(0), down_out.unbind(0)):
-            torch.addmv(down_bias[e], down[e], a, out=y)
+    down_out = _slot_products(
+        views.down, views.down_bias, ids, list(act.unbind(0)), _buffer(S, views.hidden_size, views, hidden_states, grad)
+    )
     return _finish(experts, views, down_out, top_k_weights, hidden_states.dtype)
 
 
@@ -103,35 +141,20 @@ def dedup(
     """One matrix product per distinct expert over its tokens: requests the union bytes Ub (Section 1)."""
     views = expert_views(experts)
     _check(hidden_states, top_k_index, top_k_weights, views)
+    grad = _needs_grad(views, hidden_states)
     T, m = top_k_index.shape
     S = T * m
-    flat_ids = top_k_index.reshape(-1)
-    sorted_ids, order = torch.sort(flat_ids, stable=True)  # slots grouped by expert
+    sorted_ids, order = torch.sort(top_k_index.reshape(-1), stable=True)  # slots grouped by expert
     present, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
     x = hidden_states.to(views.dtype).index_select(0, order // m)  # [S, H], tokens in grouped order
     bounds = torch.cumsum(counts, 0).tolist()
     groups = list(zip(present.tolist(), [0] + bounds[:-1], bounds))  # (expert, start, end)
-
-    up_out = torch.empty(S, views.up_width, dtype=views.dtype, device=hidden_states.device)
-    up_t, up_bias = views.up_t, views.up_bias
-    if up_bias is None:
-        for e, lo, hi in groups:
-            torch.mm(x[lo:hi], up_t[e], out=up_out[lo:hi])
-    else:
-        for e, lo, hi in groups:
-            torch.addmm(up_bias[e], x[lo:hi], up_t[e], out=up_out[lo:hi])
-
+    up_out = _group_products(views.up_t, views.up_bias, groups, x, _buffer(S, views.up_width, views, hidden_states, grad))
     act = views.activation(experts, up_out)  # [S, I]
-    down_out = torch.empty(S, views.hidden_size, dtype=views.dtype, device=hidden_states.device)
-    down_t, down_bias = views.down_t, views.down_bias
-    if down_bias is None:
-        for e, lo, hi in groups:
-            torch.mm(act[lo:hi], down_t[e], out=down_out[lo:hi])
-    else:
-        for e, lo, hi in groups:
-            torch.addmm(down_bias[e], act[lo:hi], down_t[e], out=down_out[lo:hi])
-
-    slot_out = torch.empty_like(down_out).index_copy_(0, order, down_out)  # back to slot order
+    down_out = _group_products(
+        views.down_t, views.down_bias, groups, act, _buffer(S, views.hidden_size, views, hidden_states, grad)
+    )
+    slot_out = torch.zeros_like(down_out).index_add(0, order, down_out)  # back to slot order
     return _finish(experts, views, slot_out, top_k_weights, hidden_states.dtype)
 
 

@@ -1,0 +1,102 @@
+"""moespec's kernels inside transformers: "moespec_slot", "moespec_dedup" and "moespec_auto".
+
+`register()` adds the three to transformers' `ExpertsInterface`, so that
+
+    model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="moespec_auto")
+    model.set_experts_implementation("moespec_auto")
+
+both work. `import moespec` calls it.
+
+"moespec_auto" runs the per-slot kernel on passes of fewer than c tokens and the deduplicating
+kernel from c tokens on, where c is the crossover: the smallest pass size from which
+deduplication is faster (Section 2; it is where u_bar(n) < r(n), eq. (7)). c comes, in this order,
+from a model's own setting (`set_crossover(c, model=model)`), the global one (`set_crossover(c)`),
+or the default 2 (deduplicate every pass of two tokens or more). c = None means deduplication
+never pays: every pass runs per-slot. `crossover_from_characterization` reads c from the artifact
+that `moespec characterize` writes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers.integrations.moe import ExpertsInterface
+
+from moespec import artifacts
+from moespec.moe.experts import find_experts
+from moespec.moe.kernels import dedup, per_slot
+
+DEFAULT_CROSSOVER = 2
+_MODEL_ATTR = "_moespec_crossover"  # per-module override, set on each experts module of a model
+_UNSET = object()
+_global_crossover: int | None = DEFAULT_CROSSOVER
+
+
+def _validate(c: object) -> int | None:
+    if c is None:
+        return None
+    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+        raise ValueError(f"crossover must be a pass size >= 1 (an int) or None for 'never deduplicate', got {c!r}")
+    return c
+
+
+def set_crossover(c: int | None, *, model: torch.nn.Module | None = None) -> None:
+    """Set the crossover c of "moespec_auto": dedup on passes of >= c tokens, per-slot below.
+
+    Without `model`, sets the global default; with `model`, sets it on that model's experts modules
+    only (it then wins over the global value). None: deduplication never pays, always per-slot.
+    """
+    c = _validate(c)
+    if model is None:
+        global _global_crossover
+        _global_crossover = c
+        return
+    found = find_experts(model)
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no transformers experts modules; set_crossover needs an MoE model")
+    for experts in found:
+        setattr(experts, _MODEL_ATTR, c)
+
+
+def crossover(experts: torch.nn.Module | None = None) -> int | None:
+    """The crossover that "moespec_auto" uses for `experts` (its model's, else the global one)."""
+    if experts is not None:
+        value = getattr(experts, _MODEL_ATTR, _UNSET)
+        if value is not _UNSET:
+            return value
+    return _global_crossover
+
+
+def crossover_from_characterization(path: str | Path) -> int | None:
+    """The crossover a characterization artifact records (payload["crossover"]): an int, or None."""
+    doc = artifacts.load(path, "characterize")
+    payload = doc.get("payload") or {}
+    if "crossover" not in payload:
+        raise ValueError(f"{path}: the characterization has no 'crossover' in its payload; rerun `moespec characterize`")
+    try:
+        return _validate(payload["crossover"])
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def auto(
+    experts: torch.nn.Module,
+    hidden_states: torch.Tensor,  # [T, H]
+    top_k_index: torch.Tensor,  # [T, m]
+    top_k_weights: torch.Tensor,  # [T, m]
+) -> torch.Tensor:  # [T, H]
+    """Per-slot below the crossover, dedup from it on; T is the pass size n."""
+    c = crossover(experts)
+    if c is not None and hidden_states.shape[0] >= c:
+        return dedup(experts, hidden_states, top_k_index, top_k_weights)
+    return per_slot(experts, hidden_states, top_k_index, top_k_weights)
+
+
+IMPLEMENTATIONS = {"moespec_slot": per_slot, "moespec_dedup": dedup, "moespec_auto": auto}
+
+
+def register() -> None:
+    """Add moespec's kernels to transformers' ExpertsInterface (idempotent)."""
+    for name, fn in IMPLEMENTATIONS.items():
+        ExpertsInterface.register(name, fn)
