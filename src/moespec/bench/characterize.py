@@ -1,0 +1,216 @@
+"""Characterize a model on this machine: benchmark, fits (4)/(E.1), bandwidths, r(n), u_bar(n), eps.
+
+The measurement step of the cost-model paper's chain (Sec. 2, Sec. 4 and App. E): time one or two
+layers' expert operation on chosen and recorded ids (`moespec.bench.expert_op`), fit (4) and (E.1)
+per layer on the chosen ids at n >= 2, score them on the recorded windows they never saw (eps),
+and derive the effective bandwidths beta_p(n), r(n), u_bar(n) from the trace, the verdict of (7)
+with its margin (19), and the crossover, which `moespec_auto` reads from the artifact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from moespec import artifacts
+from moespec.bench import expert_op
+from moespec.bench.timing import CacheFlusher, read_bandwidth
+from moespec.costmodel import bandwidth, fit
+from moespec.costmodel.predict import crossover as crossover_from_saving
+from moespec.moe.experts import expert_views, find_experts
+from moespec.moe.traces import RoutingTrace, mean_union
+
+KIND = "characterize"
+# Defaults sized for a full OLMoE-width characterization of two layers in < 10 min on 2 CPU cores.
+DEFAULT_REPS = 5
+DEFAULT_WARMUP = 1
+DEFAULT_U_POINTS = 4
+DEFAULT_WINDOWS = 6
+ROOF_BYTES = 256_000_000
+
+
+def points_path(out: str | Path) -> Path:
+    """The resumable point log kept beside the artifact: `<out>.points.jsonl`."""
+    out = Path(out)
+    return out.with_name(out.name + ".points.jsonl")
+
+
+def _experts_source(model: Any, dtype):
+    """(getter layer -> experts module, number of MoE layers or None, label) for a spec or a module."""
+    if isinstance(model, torch.nn.Module):
+        found = find_experts(model)
+        if not found:
+            raise ValueError(f"{type(model).__name__} holds no transformers experts module")
+        return (lambda l: found[l]), len(found), getattr(model, "name_or_path", type(model).__name__)
+    spec = str(model)
+    if spec.startswith("synthetic:"):
+        from moespec.models.load import load
+
+        built, _ = load(spec, dtype=dtype)
+        found = find_experts(built)
+        return (lambda l: found[l]), len(found), spec
+    if not Path(spec).expanduser().is_dir():
+        raise ValueError(f"model {spec!r} is neither synthetic:NAME, a local checkpoint folder, nor a module")
+    return (lambda l: expert_op.load_layer_experts(Path(spec).expanduser(), l, dtype=dtype)), None, spec
+
+
+def characterize(
+    model: Any,
+    traces: str | Path | RoutingTrace,
+    *,
+    layers: Sequence[int | str] = (0, "mid"),
+    n: Iterable[int] = range(1, 10),
+    reps: int = DEFAULT_REPS,
+    warmup: int = DEFAULT_WARMUP,
+    u_points: int | None = DEFAULT_U_POINTS,
+    windows: int = DEFAULT_WINDOWS,
+    kernels: Sequence[str] = ("slot", "dedup"),
+    out: str | Path | None = None,
+    dtype: str | torch.dtype | None = None,
+    flush_bytes: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Run the benchmark on `layers` and return (and write to `out`) the "characterize" payload.
+
+    model: a `synthetic:NAME` spec, a local checkpoint folder (each layer's experts loaded alone),
+    or a model / experts module. traces: a routing trace of the same model (path or object); its
+    MoE-layer indices are the `layers` indices, "mid" is L // 2. u_points: U values per n on chosen
+    ids (None: every U); windows: recorded windows per n. With `out`, finished points are appended to
+    `<out>.points.jsonl` and skipped on a rerun.
+    """
+    n_values = sorted({int(x) for x in n})
+    if not n_values or n_values[0] < 1:
+        raise ValueError(f"pass sizes n must be >= 1, got {n_values}")
+    if "slot" not in kernels or "dedup" not in kernels:
+        raise ValueError(f"kernels {list(kernels)} must include 'slot' and 'dedup' (the fits need both)")
+    trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
+    roof = read_bandwidth(nbytes=ROOF_BYTES, reps=3)
+    flusher = CacheFlusher(flush_bytes)
+    get_experts, model_layers, label = _experts_source(model, dtype)
+    if model_layers is not None and model_layers != trace.num_layers:
+        raise ValueError(f"the model has {model_layers} MoE layers but the trace has {trace.num_layers}; "
+                         "trace this model with `moespec trace`")
+    layer_ids = expert_op.resolve_layers(layers, trace.num_layers)
+    m, N = trace.top_k, trace.num_experts
+    fit_n = [x for x in n_values if x >= 2]
+    plan = {}
+    for l in layer_ids:
+        passes = expert_op.chosen_passes(fit_n, m, N, u_points=u_points, seed=seed + l)
+        passes += expert_op.recorded_passes(trace.documents, l, n_values, windows=windows, seed=seed + l)
+        order = np.random.default_rng(seed + 7919 * (l + 1)).permutation(len(passes))  # drift-neutral
+        plan[l] = [passes[i] for i in order]
+    log = artifacts.PointLog(points_path(out)) if out is not None else None
+    total = sum(expert_op.requested_bytes(k, p, trace.expert_bytes[l]) for l in plan for p in plan[l] for k in kernels)
+    records = []
+    with _progress_bar(progress, total) as advance:
+        for l in layer_ids:
+            experts = get_experts(l)
+            if expert_views(experts).num_experts != N:
+                raise ValueError(f"layer {l} has {expert_views(experts).num_experts} experts, the trace {N}; "
+                                 "use the trace of this model")
+            records += expert_op.run(experts, plan[l], kernels, layer=l, reps=reps, warmup=warmup, flush=flusher,
+                                     log=log, on_point=advance, seed=seed)
+            del experts
+    payload = summarize(records, trace, layer_ids, n_values)
+    payload.update(
+        model=label,
+        traces=str(traces) if not isinstance(traces, RoutingTrace) else trace.model,
+        settings={"reps": reps, "warmup": warmup, "u_points": u_points, "windows": windows,
+                  "kernels": list(kernels), "flush_bytes": flusher.nbytes, "seed": seed},
+        read_bandwidth=roof,
+    )
+    if out is not None:
+        artifacts.write(out, KIND, payload)
+    return payload
+
+
+class _progress_bar:
+    """A rich progress bar weighted by requested bytes (so the ETA follows the work), or a no-op."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda _: None
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self._bar = Progress("[progress.description]{task.description}", BarColumn(), TaskProgressColumn(),
+                             TimeElapsedColumn(), "ETA", TimeRemainingColumn())
+        self._bar.__enter__()
+        task = self._bar.add_task("characterize", total=self.total)
+        return lambda nbytes: self._bar.advance(task, nbytes)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self._bar.__exit__(*exc)
+        return False
+
+
+def _median_time(record: dict) -> float:
+    return float(record["timing"]["median"])
+
+
+def summarize(records: Sequence[dict], trace: RoutingTrace, layers: Sequence[int], n_values: Sequence[int]) -> dict:
+    """Fits, scores, eps, bandwidths, r(n), u_bar(n), verdicts and the crossover from timed points.
+
+    Pure given the records (each a `expert_op.point_record`), so it can be recomputed from a log.
+    """
+    m = trace.top_k
+    kernels = sorted({r["kernel"] for r in records})
+    by = lambda l, k, src: [r for r in records if r["layer"] == l and r["kernel"] == k and r["source"] == src]  # noqa: E731
+    fits, scores, timings = {}, {}, {}
+    for l in layers:
+        b = trace.expert_bytes[l]
+        fits[l], scores[l] = {}, {}
+        for k in ("slot", "dedup"):
+            chosen = [r for r in by(l, k, "chosen") if r["n"] >= 2]
+            f = fit.fit(k, [r["U"] for r in chosen], [r["n"] for r in chosen], [_median_time(r) for r in chosen],
+                        m=m, b=chosen[0]["b"] if chosen else b)
+            fits[l][k] = f
+            rec = [r for r in by(l, k, "recorded") if r["n"] >= 2]
+            scores[l][k] = fit.median_relative_error(f, [r["U"] for r in rec], [r["n"] for r in rec],
+                                                     [_median_time(r) for r in rec])
+        timings[l] = {k: {nn: float(np.mean([_median_time(r) for r in by(l, k, "recorded") if r["n"] == nn]))
+                          for nn in n_values} for k in kernels}
+    eps = {k: fit.eps_kernel([scores[l][k] for l in layers]) for k in ("slot", "dedup")}
+    eps["engine"] = fit.eps_engine(eps["slot"], eps["dedup"])
+
+    beta, r_n, u_bar_n, verdicts, saving = {}, {}, {}, {}, {}
+    for k in kernels:
+        beta[k] = {}
+        for nn in n_values:
+            rec = [r for r in records if r["kernel"] == k and r["source"] == "recorded" and r["n"] == nn]
+            per_window = [r["bytes"] / _median_time(r) for r in rec]
+            beta[k][nn] = {**bandwidth.quartiles(per_window),
+                           "aggregate": bandwidth.effective_bandwidth([r["bytes"] for r in rec],
+                                                                      [_median_time(r) for r in rec])}
+    for nn in n_values:
+        r_n[nn] = bandwidth.bandwidth_ratio(beta["dedup"][nn]["aggregate"], beta["slot"][nn]["aggregate"])
+        u_bar_n[nn] = bandwidth.u_bar(mean_union(trace, nn), nn, m, trace.expert_bytes)
+        verdicts[nn] = bandwidth.verdict(u_bar_n[nn], r_n[nn], eps["engine"])
+        saving[nn] = sum(timings[l]["slot"][nn] - timings[l]["dedup"][nn] for l in layers)
+    return {
+        "layers": list(layers),
+        "n": list(n_values),
+        "m": m,
+        "N": trace.num_experts,
+        "expert_bytes": {l: trace.expert_bytes[l] for l in layers},
+        "fits": {l: {k: f.to_dict() for k, f in fits[l].items()} for l in layers},
+        "scores": scores,
+        "eps": eps,
+        "re_read_cost": {l: fits[l]["slot"].re_read_cost for l in layers},
+        "timings": timings,
+        "beta": beta,
+        "r": r_n,
+        "u_bar": u_bar_n,
+        "byte_factor": {k: 1 for k in kernels},
+        "verdict": verdicts,
+        "saving": saving,
+        "crossover": crossover_from_saving(list(saving), list(saving.values())),
+        "points": list(records),
+    }

@@ -1,0 +1,106 @@
+"""`moespec characterize`: the one-layer expert-operation benchmark, fits, bandwidths and eps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from moespec.bench.characterize import (
+    DEFAULT_REPS,
+    DEFAULT_U_POINTS,
+    DEFAULT_WINDOWS,
+    characterize as run_characterize,
+    points_path,
+)
+from moespec.cli.app import app
+from moespec.cli.traces import parse_n_range
+
+
+def parse_layers(text: str) -> list[int | str]:
+    """MoE-layer indices from "0,mid" (ints, negatives from the end, or "mid")."""
+    layers: list[int | str] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part == "mid":
+            layers.append(part)
+        else:
+            try:
+                layers.append(int(part))
+            except ValueError:
+                raise typer.BadParameter(f"layer {part!r} must be an integer or 'mid'") from None
+    if not layers:
+        raise typer.BadParameter("give at least one layer, e.g. --layers 0,mid")
+    return layers
+
+
+def table(payload: dict) -> Table:
+    """A Table-1-style summary: beta per kernel at n = 2 and n = 8 (GB/s), r, u_bar, re-read cost, eps."""
+    n_all = [int(x) for x in payload["n"]]
+    shown = [x for x in (2, 8) if x in n_all] or n_all[:1]
+    kernels = list(payload["beta"])
+    t = Table(title=f"characterization of {payload.get('model', '')}: GB/s including fixed work")
+    t.add_column("re-read cost", justify="right")
+    for x in shown:
+        for k in kernels:
+            t.add_column(f"β_{k} n={x}", justify="right")
+        t.add_column(f"r n={x}", justify="right")
+        t.add_column(f"ū n={x}", justify="right")
+    t.add_column("ε slot / dedup / engine", justify="right")
+    costs = [float(c) for c in payload["re_read_cost"].values()]
+    row = [f"{min(costs):.2f}" if len(costs) == 1 or min(costs) == max(costs) else f"{min(costs):.2f}–{max(costs):.2f}"]
+    get = lambda d, x: d[x] if x in d else d[str(x)]  # noqa: E731  (int keys in memory, str keys from JSON)
+    for x in shown:
+        row += [f"{get(payload['beta'][k], x)['aggregate'] / 1e9:.1f}" for k in kernels]
+        row += [f"{float(get(payload['r'], x)):.2f}", f"{float(get(payload['u_bar'], x)):.2f}"]
+    eps = payload["eps"]
+    row.append(f"{eps['slot']:.3f} / {eps['dedup']:.3f} / {eps['engine']:.3f}")
+    t.add_row(*row)
+    return t
+
+
+@app.command()
+def characterize(
+    model: str = typer.Option(..., "--model", help="synthetic:NAME or a local checkpoint folder"),
+    traces: Path = typer.Option(..., "--traces", help="routing trace of this model (from `moespec trace`)"),
+    layers: str = typer.Option("0,mid", "--layers", help="MoE layers to time: indices or 'mid'"),
+    n: str = typer.Option("1..9", "--n", help="pass sizes, a range like 1..9 (the fits use n >= 2)"),
+    reps: int = typer.Option(DEFAULT_REPS, "--reps", help="timed repetitions per point"),
+    u_points: int = typer.Option(DEFAULT_U_POINTS, "--u-points", help="distinct-expert counts U per n on chosen ids (0: all)"),
+    windows: int = typer.Option(DEFAULT_WINDOWS, "--windows", help="windows of recorded routing per n"),
+    kernels: str = typer.Option("slot,dedup", "--kernels", help="kernels: slot, dedup and any of eager, grouped_mm, batched_mm"),
+    dtype: str = typer.Option(None, "--dtype", help="weights dtype (default: the model's)"),
+    figure: Path = typer.Option(None, "--figure", help="Figure-2-style PNG (default: OUT with .png)"),
+    flush_mib: int = typer.Option(None, "--flush-mib", help="cache-flush buffer (default: 2x LLC, >= 256 MiB)"),
+    seed: int = typer.Option(0, "--seed"),
+    out: Path = typer.Option(Path("characterization.json"), "--out", help="the characterize artifact"),
+) -> None:
+    """Time one or two layers' expert operation and write fits, bandwidths, r(n), ū(n) and ε.
+
+    Resumable: finished points are kept in OUT.points.jsonl and skipped when the command runs again.
+    """
+    console = Console()
+    if points_path(out).exists():
+        console.print(f"resuming from {points_path(out)}")
+    payload = run_characterize(
+        model,
+        traces,
+        layers=parse_layers(layers),
+        n=range(parse_n_range(n)[0], parse_n_range(n)[1] + 1),
+        reps=reps,
+        u_points=u_points or None,
+        windows=windows,
+        kernels=[k.strip() for k in kernels.split(",") if k.strip()],
+        out=out,
+        dtype=dtype,
+        flush_bytes=None if flush_mib is None else flush_mib * 1024**2,
+        seed=seed,
+        progress=True,
+    )
+    from moespec.report.fig_bandwidth import plot_bandwidth
+
+    png = plot_bandwidth(payload, figure or out.with_suffix(".png"))
+    console.print(table(payload))
+    cross = payload["crossover"]
+    console.print(f"crossover: {'dedup never pays' if cross is None else f'n = {cross}'}; wrote {out} and {png}")

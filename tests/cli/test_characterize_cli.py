@@ -1,0 +1,57 @@
+"""`moespec characterize` end to end on olmoe-tiny: artifact, table, figure, resumption."""
+
+import json
+
+import numpy as np
+from typer.testing import CliRunner
+
+import moespec.cli.characterize  # noqa: F401  (registers the command until cli/main imports it)
+from moespec.artifacts import load
+from moespec.cli.main import app
+from moespec.moe.experts import expert_bytes, find_experts
+from moespec.models.synthetic import build
+from moespec.moe.synthetic_routing import sticky
+from moespec.moe.traces import RoutingTrace
+
+
+def olmoe_tiny_trace(path):
+    model, _ = build("olmoe-tiny")
+    w = [expert_bytes(e) for e in find_experts(model)]
+    rng = np.random.default_rng(0)
+    docs = [sticky(24, len(w), 4, 16, 0.4, rng) for _ in range(2)]
+    return RoutingTrace(documents=docs, num_experts=16, expert_bytes=w, model="synthetic:olmoe-tiny").save(path)
+
+
+def test_characterize_cli_writes_artifact_figure_and_resumes(tmp_path):
+    traces = olmoe_tiny_trace(tmp_path / "traces.parquet")
+    out = tmp_path / "char.json"
+    args = ["characterize", "--model", "synthetic:olmoe-tiny", "--traces", str(traces), "--layers", "0,mid",
+            "--n", "1..3", "--reps", "1", "--u-points", "2", "--windows", "2", "--flush-mib", "1", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "crossover:" in result.output and "characterization of" in result.output
+    payload = load(out, "characterize")["payload"]
+    assert "crossover" in payload and (payload["crossover"] is None or payload["crossover"] >= 2)
+    assert payload["layers"] == [0, 1]
+    assert set(payload["fits"]["0"]) == {"slot", "dedup"}
+    assert set(payload["beta"]) == {"slot", "dedup"} and set(payload["r"]) == {"1", "2", "3"}
+    assert all(len(p["timing"]["samples"]) == 1 for p in payload["points"])
+    assert (tmp_path / "char.png").stat().st_size > 0
+    log = tmp_path / "char.json.points.jsonl"
+    lines = log.read_text().splitlines()
+    assert len(lines) == len(payload["points"])
+
+    # A rerun with more reps measures nothing new: every point is read back from the log.
+    rerun = CliRunner().invoke(app, args[:-6] + ["--reps", "3"] + args[-6:])
+    assert rerun.exit_code == 0, rerun.output
+    assert "resuming" in rerun.output
+    assert log.read_text().splitlines() == lines
+    again = json.loads(out.read_text())["payload"]
+    assert all(len(p["timing"]["samples"]) == 1 for p in again["points"])
+
+
+def test_characterize_cli_rejects_bad_ranges(tmp_path):
+    result = CliRunner().invoke(app, ["characterize", "--model", "synthetic:olmoe-tiny", "--traces",
+                                      str(tmp_path / "t.parquet"), "--n", "0..3"])
+    assert result.exit_code != 0
+    assert "--n needs" in result.output
