@@ -25,7 +25,7 @@ def check_eps(eps):
     """eps, the bound on the relative bandwidth error, checked to lie in [0, 1)."""
     eps = check_positive("eps", eps, allow_zero=True)
     if eps >= 1:
-        raise ValueError(f"bandwidth error eps = {eps!r} must lie in [0, 1)")
+        raise ValueError(f"bandwidth error eps = {eps} must lie in [0, 1)")
     return eps
 
 
@@ -34,7 +34,7 @@ def check_delta(delta):
     delta = check_positive("delta", delta, allow_zero=True)
     if delta >= 1:
         raise ValueError(
-            f"step-time error delta = {delta!r} must lie in [0, 1) (from bandwidths alone: eps < 1/2)"
+            f"step-time error delta = {delta} must lie in [0, 1) (from bandwidths alone: eps < 1/2)"
         )
     return delta
 
@@ -127,7 +127,7 @@ def speedup_factor_from_eps(eps):
     """(1 + delta)/(1 - delta) = 1/(1 - 2 eps) with delta = eps/(1 - eps), eq. (C.7); eps = 0.1 gives 1.25."""
     eps = check_eps(eps)
     if 2 * eps >= 1:
-        raise ValueError(f"eps = {eps!r} gives delta >= 1; (C.7) needs eps < 1/2")
+        raise ValueError(f"eps = {eps} gives delta >= 1; (C.7) needs eps < 1/2")
     return exact_div(1, 1 - 2 * eps)
 
 

@@ -22,19 +22,19 @@ from moespec.costmodel.theory import (
 def _finite(name: str, x):
     """A finite number of either sign (differences such as dD_k and dphi_k)."""
     if isinstance(x, float) and not math.isfinite(x):
-        raise ValueError(f"{name} = {x!r} must be finite")
+        raise ValueError(f"{name} = {x} must be finite")
     return x
 
 
 def _k(k) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"draft length k = {k!r} must be an int >= 1 (k = 0 is plain decoding)")
+        raise ValueError(f"draft length k = {k} must be an int >= 1 (k = 0 is plain decoding)")
     return k
 
 
 def _mW(m, W):
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"m = {m!r} experts per token must be an int >= 1")
+        raise ValueError(f"m = {m} experts per token must be an int >= 1")
     return m * check_positive("W", W)
 
 
@@ -53,7 +53,7 @@ def mean_reuse(w: Sequence, rho: Sequence[Sequence], k: int):
         for j in range(2, k + 2):
             r = check_positive(f"rho[{l}][{j - 1}]", rho[l][j - 1], allow_zero=True)
             if r > 1:
-                raise ValueError(f"reuse rho_{l}({j}) = {r!r} is outside [0, 1]")
+                raise ValueError(f"reuse rho_{l}({j}) = {r} is outside [0, 1]")
             total = total + wl * r
     return exact_div(total, k * sum(w))
 
@@ -66,7 +66,7 @@ def dedup_bytes(*, m: int, W, k: int, rho_bar):
 def _check_reuse(rho_bar):
     rho_bar = check_positive("rho_bar", rho_bar, allow_zero=True)
     if rho_bar > 1:
-        raise ValueError(f"mean reuse rho_bar = {rho_bar!r} is outside [0, 1]")
+        raise ValueError(f"mean reuse rho_bar = {rho_bar} is outside [0, 1]")
     return rho_bar
 
 

@@ -24,7 +24,7 @@ def dense_bytes(D, kv: Sequence | Callable, n: int):
     callable k -> bytes.
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"pass size n = {n!r} must be an int >= 1")
+        raise ValueError(f"pass size n = {n} must be an int >= 1")
     kv_n = kv(int(n) - 1) if callable(kv) else kv[int(n) - 1]
     return check_positive("D", D, allow_zero=True) + check_positive(f"kv({n - 1})", kv_n, allow_zero=True)
 
@@ -32,7 +32,7 @@ def dense_bytes(D, kv: Sequence | Callable, n: int):
 def slot_expert_bytes(m: int, n: int, W):
     """E_slot(n) = m n W: one expert read per slot (Sec. 1)."""
     if m < 1 or n < 1:
-        raise ValueError(f"m = {m!r} and n = {n!r} must be >= 1")
+        raise ValueError(f"m = {m} and n = {n} must be >= 1")
     return m * n * check_positive("W", W)
 
 
@@ -48,7 +48,7 @@ def dedup_expert_bytes(w, U, f=None):
         raise ValueError(f"w, U and f must have one entry per layer; lengths {len(w)}, {len(U)}, {len(f)}")
     for l, fl in enumerate(f):
         if check_positive(f"f[{l}]", fl) < 1:
-            raise ValueError(f"byte factor f[{l}] = {fl!r} must be >= 1")
+            raise ValueError(f"byte factor f[{l}] = {fl} must be >= 1")
     return sum(
         fl * check_positive(f"w[{l}]", wl) * check_positive(f"U[{l}]", ul, allow_zero=True)
         for l, (wl, ul, fl) in enumerate(zip(w, U, f))

@@ -57,11 +57,11 @@ def check_positive(name: str, x, *, allow_zero: bool = False):
         arr = np.asarray(x, dtype=float)
         bad = ~np.isfinite(arr) | ((arr < 0) if allow_zero else (arr <= 0))
         if bad.any():
-            raise ValueError(f"{name} = {arr[bad][0]!r} must be finite and {bound}")
+            raise ValueError(f"{name} = {arr[bad][0]} must be finite and {bound}")
         return arr
     x = _number(name, x)
     if (isinstance(x, float) and not math.isfinite(x)) or x < 0 or (x == 0 and not allow_zero):
-        raise ValueError(f"{name} = {x!r} must be finite and {bound}")
+        raise ValueError(f"{name} = {x} must be finite and {bound}")
     return x
 
 
@@ -85,11 +85,11 @@ def check_acceptance(a):
         arr = np.asarray(a, dtype=float)
         bad = ~np.isfinite(arr) | (arr < 0) | (arr >= 1)
         if bad.any():
-            raise ValueError(f"acceptance a = {arr[bad][0]!r} is outside [0, 1)")
+            raise ValueError(f"acceptance a = {arr[bad][0]} is outside [0, 1)")
         return arr
     a = _number("a", a)
     if (isinstance(a, float) and not math.isfinite(a)) or not 0 <= a < 1:
-        raise ValueError(f"acceptance a = {a!r} is outside [0, 1)")
+        raise ValueError(f"acceptance a = {a} is outside [0, 1)")
     return a
 
 
@@ -105,7 +105,7 @@ def expected_tokens(a, k: int):
     """G_a(k) = 1 + a + ... + a^k, tokens emitted per step under geometric acceptance (Sec. 1)."""
     a = check_acceptance(a)
     if isinstance(k, bool) or not isinstance(k, (Integral, np.integer)) or k < 0:
-        raise ValueError(f"draft length k = {k!r} must be an int >= 0")
+        raise ValueError(f"draft length k = {k} must be an int >= 0")
     g = 1 if is_exact(a) else np.ones_like(a) if isinstance(a, np.ndarray) else 1.0
     for _ in range(int(k)):
         g = 1 + a * g
@@ -275,7 +275,7 @@ def h_j(a, j: int):
     """h_j(a) = a^j / G_a(j-1), eq. (B.32); strictly increasing on [0, 1) for j >= 1."""
     a = check_acceptance(a)
     if isinstance(j, bool) or not isinstance(j, (Integral, np.integer)) or j < 1:
-        raise ValueError(f"j = {j!r} must be an int >= 1")
+        raise ValueError(f"j = {j} must be an int >= 1")
     return exact_div(a**j, expected_tokens(a, int(j) - 1))
 
 
