@@ -25,6 +25,7 @@ def measure_command(
     k: Optional[list[int]] = typer.Option(None, "--k", help="draft length of the oracle sweep (repeatable)"),
     acceptance: Optional[list[float]] = typer.Option(None, "--acceptance", help="oracle acceptance a (repeatable)"),
     n_max: Optional[int] = typer.Option(None, "--n-max", help="largest verify pass size n (default 9)"),
+    scaling_n_max: Optional[int] = typer.Option(None, "--scaling-n-max", help="largest n of the scaling curve (default 16; 0: skip)"),
     layers: Optional[int] = typer.Option(None, "--layers", help="layers of a synthetic preset"),
     flush: bool = typer.Option(True, "--flush/--no-flush", help="flush the cache before each timed pass (App. D)"),
     out: Path = typer.Option(Path("measurement.json"), "--out", help="where to write the measure artifact"),
@@ -33,7 +34,8 @@ def measure_command(
     from moespec.bench.measure import measure
 
     knobs = dict(depths=depth or None, reps=reps, prompts=prompts, new_tokens=new_tokens, ks=k or None,
-                 acceptances=acceptance or None, ns=range(1, n_max + 1) if n_max else None)
+                 acceptances=acceptance or None, ns=range(1, n_max + 1) if n_max else None,
+                 scaling_ns=range(1, scaling_n_max + 1) if scaling_n_max is not None else None)
     knobs = {name: value for name, value in knobs.items() if value is not None}
     if not flush:
         knobs["flush"] = False

@@ -1,0 +1,34 @@
+"""moespec measure through typer's CliRunner on olmoe-tiny with tiny settings."""
+
+from typer.testing import CliRunner
+
+import moespec.cli.main  # noqa: F401  (registers the other commands, so `measure` is a subcommand)
+import moespec.cli.measure  # noqa: F401  (registers the command)
+from moespec import artifacts
+from moespec.cli.app import app
+
+
+def test_measure_writes_a_resumable_artifact(tmp_path):
+    out = tmp_path / "m.json"
+    args = ["measure", "--model", "synthetic:olmoe-tiny", "--depth", "16", "--prompts", "1", "--reps", "1",
+            "--n-max", "2", "--scaling-n-max", "3", "--k", "0", "--k", "2", "--acceptance", "0.6", "--new-tokens", "8", "--no-flush",
+            "--prompt-lookup", "2", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    payload = artifacts.load(out, "measure")["payload"]
+    assert [v["depth"] for v in payload["verify"]] == [16]
+    assert payload["verify"][0]["tau_meas_1"] > 0
+    assert payload["scaling"][0]["ratio"]["1"] == 1.0
+    assert [c["k"] for c in payload["oracle"][0]["cells"]] == [0, 2]
+    assert payload["draft_sweep"][0]["draft"] == "prompt-lookup:2"
+    points = out.with_name("m.points.jsonl")
+    before = points.read_text()
+    again = CliRunner().invoke(app, args)  # every point is in the log: nothing is measured again
+    assert again.exit_code == 0, again.output
+    assert points.read_text() == before
+
+
+def test_measure_rejects_two_drafts(tmp_path):
+    result = CliRunner().invoke(app, ["measure", "--model", "synthetic:olmoe-tiny", "--draft", "synthetic:dense-tiny",
+                                      "--prompt-lookup", "2", "--out", str(tmp_path / "m.json")])
+    assert result.exit_code != 0
