@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from moespec.moe.experts import expert_bytes
 from moespec.moe.traces import RoutingTrace, TraceWriter
 
 DEFAULT_CHUNK = 512
@@ -41,15 +42,6 @@ def experts_modules(model: nn.Module) -> list[tuple[int, nn.Module]]:
     return found
 
 
-def _expert_bytes(module: nn.Module) -> int:
-    """w_l: bytes of one expert's parameters (weights and biases), from their shapes and dtypes."""
-    N = module.num_experts
-    per_expert = [p for p in module.parameters(recurse=False) if p.ndim >= 2 and p.shape[0] == N]
-    if not per_expert:
-        raise ValueError(f"{type(module).__name__} has no [num_experts, ...] parameters to size an expert by")
-    return sum(p[0].numel() * p.element_size() for p in per_expert)
-
-
 class RoutingRecorder:
     """Forward pre-hooks that collect top_k_index (and top_k_weights) of every MoE layer.
 
@@ -67,7 +59,7 @@ class RoutingRecorder:
         if len(self.num_experts) != 1:
             raise ValueError(f"MoE layers disagree on the expert count: {sorted(self.num_experts)}")
         self.num_experts = self.num_experts.pop()
-        self.expert_bytes = tuple(_expert_bytes(mod) for _, mod in self.layers)
+        self.expert_bytes = tuple(expert_bytes(mod) for _, mod in self.layers)
         self._index: list[list[torch.Tensor]] = [[] for _ in self.layers]
         self._weights: list[list[torch.Tensor]] = [[] for _ in self.layers]
         self._handles = []

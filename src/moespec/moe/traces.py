@@ -244,15 +244,15 @@ def _load(path: Path) -> RoutingTrace:
             idx = batch.column("doc_index").to_numpy()
             starts = batch.column("start").to_numpy()
             names = batch.column("doc_id").to_pylist()
-            exp = batch.column("experts")
-            wts = batch.column("weights") if h["has_weights"] else None
+            cols = [batch.column("experts")] + ([batch.column("weights")] if h["has_weights"] else [])
+            flats = [(c.values.to_numpy(zero_copy_only=False), c.offsets.to_numpy()) for c in cols]
             for r in range(batch.num_rows):
-                flat = exp[r].values.to_numpy(zero_copy_only=False)
-                if flat.size % (L * m):
-                    raise ValueError(f"{path}: row {r} of document {names[r]!r} holds {flat.size} ids, "
+                parts = [flat[off[r] : off[r + 1]] for flat, off in flats]
+                if parts[0].size % (L * m):
+                    raise ValueError(f"{path}: row {r} of document {names[r]!r} holds {parts[0].size} ids, "
                                      f"not a multiple of L*m = {L * m}; the file does not match its header")
-                g = None if wts is None else wts[r].values.to_numpy(zero_copy_only=False).reshape(-1, L, m)
-                docs.setdefault(int(idx[r]), []).append((int(starts[r]), names[r], flat.reshape(-1, L, m), g))
+                arrays = [p.reshape(-1, L, m) for p in parts] + [None]
+                docs.setdefault(int(idx[r]), []).append((int(starts[r]), names[r], arrays[0], arrays[1]))
     except (pa.ArrowInvalid, OSError) as e:
         raise ValueError(f"{path} is corrupt ({e}); record it again with `moespec trace`") from e
     if sorted(docs) != list(range(len(docs))):
