@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from moespec.bench.verify import DEDUP, KERNELS, PREFILL_CHUNK, OnPoint, _logged, prompt_ids
+from moespec.bench.verify import DEDUP, KERNELS, PREFILL_CHUNK, OnPoint, _logged, avoid_slot_prefill, prompt_ids
 from moespec.costmodel.predict import ACCEPTANCE_GRID
 from moespec.costmodel.theory import expected_tokens
 from moespec.device import synchronize
@@ -248,6 +248,7 @@ class _Prompts:
     def target(self, i: int) -> PrefilledTarget:
         if i not in self._targets:
             self._targets.clear()  # one prompt's cache at a time
+            avoid_slot_prefill(self.model)
             self._targets[i] = PrefilledTarget(self.model, torch.tensor(self.ids[i]))
         return self._targets[i]
 

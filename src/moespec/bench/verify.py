@@ -235,6 +235,7 @@ def time_passes(
     if depth < 1 or len(ids) < depth + ns[-1]:
         raise ValueError(f"prompt of {len(ids)} tokens cannot hold depth {depth} plus a pass of {ns[-1]}")
     ids = torch.as_tensor(list(ids), dtype=torch.int64)  # [len(ids)]
+    avoid_slot_prefill(model)
     cached = CachedModel(model)
     for start in range(0, depth, PREFILL_CHUNK):  # chunks bound the [chunk, V] logits of a subword vocabulary
         cached.extend(ids[start : min(start + PREFILL_CHUNK, depth)])
@@ -262,6 +263,12 @@ def time_passes(
                 out[name][str(n)].append(t.samples[0])
     cached.truncate(depth)
     return out
+
+
+def avoid_slot_prefill(model) -> None:
+    """Leave the per-slot kernel before a prefill: it reads one expert per (token, slot), d*m reads."""
+    if getattr(model.config, "_experts_implementation", None) == SLOT:
+        model.set_experts_implementation(DEDUP)
 
 
 def default_flusher(enabled: bool) -> Callable[[], None] | None:
