@@ -47,16 +47,25 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
-def residual_distribution(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
-    """max(0, p - q), unnormalized, eq. (2); q=None means the one-hot draft at token x.
+def accept_mask(px: torch.Tensor, qx: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Eq. (1): accept iff r < min(1, p(x)/q(x)), written r * q(x) < p(x) so q(x) = 0 needs no division.
 
-    p, q: [W] float32. Returns [W] float32.
+    px, qx, r: [...] float32 (p and q at the drafted token, and the uniform draw). Exact for
+    q(x) > 0 because r < 1; for q(x) = 0 (x could not have come from q) it accepts iff p(x) > 0,
+    so a token the target gives probability 0 is never emitted.
     """
-    if q is None:
-        r = p.clone()
-        r[x] = 0.0  # max(0, p(x) - 1) = 0; elsewhere max(0, p - 0) = p
-        return r
-    return (p - q).clamp_(min=0.0)
+    return r * qx < px
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Eq. (2): p' = max(0, p - q) normalized over the last axis; p, q: [..., W] -> [..., W].
+
+    A row whose residual is all zero (p == q there, so rejection had probability 0 in exact
+    arithmetic and only rounding got here) falls back to p itself.
+    """
+    r = (p - q).clamp_(min=0.0)
+    total = r.sum(-1, keepdim=True)  # [..., 1]
+    return torch.where(total > 0, r / total.clamp(min=torch.finfo(r.dtype).tiny), p)
 
 
 class Sampler:
@@ -119,7 +128,7 @@ class Sampler:
         return torch.multinomial(dist, 1, generator=self.generator).squeeze(-1)
 
     def _draw(self, weights: torch.Tensor) -> int:
-        """One id from unnormalized non-negative weights [W]."""
+        """One id from a distribution [W]."""
         return int(torch.multinomial(weights, 1, generator=self.generator))
 
     def verify(self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None) -> tuple[int, int]:
@@ -141,14 +150,12 @@ class Sampler:
         px = p[rows, x]  # [K]
         qx = torch.ones(K) if q is None else q[rows, x]
         r = torch.rand(K, generator=self.generator)
-        # r < min(1, p/q) written as r*q < p: exact for q > 0; for q(x) = 0 (x was not drawn from q)
-        # it accepts iff p(x) > 0, so a zero-probability target token is never emitted.
-        ok = r * qx < px
-        a = int(ok.cumprod(0).sum())
+        a = int(accept_mask(px, qx, r).cumprod(0).sum())
         if a == K:
             return K, self._draw(p[K])
-        residual = residual_distribution(p[a], None if q is None else q[a], int(x[a]))
-        if not residual.sum() > 0.0:
-            # p == q at this row (rejection has probability 0 in exact arithmetic): p' is taken as p.
-            residual = p[a]
-        return a, self._draw(residual)
+        if q is None:  # the one-hot draft at x_{a+1}
+            qa = torch.zeros(self.width)
+            qa[x[a]] = 1.0
+        else:
+            qa = q[a]
+        return a, self._draw(residual_distribution(p[a], qa))
