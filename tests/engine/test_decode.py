@@ -1,0 +1,109 @@
+"""The decode loop on the synthetic presets: greedy speculative output equals transformers' own
+greedy `generate` (float32, CPU), and bad input gives a clear error or the exact expected tokens."""
+
+import pytest
+import torch
+
+from moespec.engine.cached import CachedModel
+from moespec.engine.decode import check_pairing, generate
+from moespec.engine.proposers import OracleDraft
+from moespec.models import synthetic
+from moespec.models.tokenizer import ByteTokenizer
+
+MOE_TINY = [n for n in synthetic.preset_names() if n.endswith("-tiny") and n != "dense-tiny"]
+REAL = 259  # the byte tokenizer's ids; 259..271 are output-layer padding
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def dense():
+    return synthetic.build("dense-tiny", seed=1)[0]
+
+
+def _hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    out = model.generate(
+        torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+        suppress_tokens=list(range(REAL, synthetic.VOCAB)), eos_token_id=None,
+    )
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("name", MOE_TINY)
+def test_greedy_speculative_equals_transformers_generate(name, dense):
+    target, tok = synthetic.build(name, seed=0)
+    prompt = tok.encode("The quick brown fox", add_bos=True)
+    expected = _hf_greedy(target, prompt, NEW)
+    for draft in (dense, OracleDraft(0.8, seed=3)):
+        out = generate(target, prompt, draft=draft, k=3, max_new_tokens=NEW, vocab_limit=REAL)
+        assert out.tokens == expected, (name, type(draft).__name__)
+    assert generate(target, prompt, k=0, max_new_tokens=NEW, vocab_limit=REAL).tokens == expected
+
+
+@pytest.fixture(scope="module")
+def olmoe():
+    return synthetic.build("olmoe-tiny", seed=0)[0]
+
+
+def test_bad_input(olmoe, dense):
+    with pytest.raises(ValueError, match="empty"):
+        generate(olmoe, [], max_new_tokens=4)
+    with pytest.raises(ValueError, match="k must be"):
+        generate(olmoe, [1, 2], k=-1)
+    with pytest.raises(ValueError, match="one sequence"):
+        generate(olmoe, torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(olmoe, [1], max_new_tokens=-1)
+    with pytest.raises(TypeError, match="draft must be"):
+        generate(olmoe, [1], draft="dense-tiny")
+    with pytest.raises(ValueError, match="temperature"):
+        generate(olmoe, [1], draft=OracleDraft(0.5), temperature=1.0)
+    out = generate(olmoe, [1, 2, 3], draft=dense, max_new_tokens=0)
+    assert out.tokens == [] and out.stats.rounds == 0
+
+
+def test_nan_logits(dense):
+    broken, _ = synthetic.build("dense-tiny", seed=2)
+    broken.lm_head.weight.data.fill_(float("nan"))
+    with pytest.raises(ValueError, match="NaN"):
+        generate(broken, [1, 2], max_new_tokens=3)
+    with pytest.raises(ValueError, match="NaN"):
+        generate(dense, [1, 2], draft=broken, max_new_tokens=3)
+
+
+def test_vocab_mismatch_names_first_differing_ids():
+    class Shuffled(ByteTokenizer):
+        def get_vocab(self):
+            v = super().get_vocab()
+            v["<0x41>"], v["<0x42>"] = 66, 65
+            return v
+
+    check_pairing(ByteTokenizer(), ByteTokenizer())
+    with pytest.raises(ValueError, match="id 65: target '<0x41>' vs draft '<0x42>'"):
+        check_pairing(ByteTokenizer(), Shuffled())
+
+
+def test_eos_inside_an_accepted_run_and_budget_smaller_than_k(olmoe):
+    prompt = [256, 72, 105]
+    ref = generate(olmoe, prompt, k=0, max_new_tokens=12, vocab_limit=REAL).tokens
+    eos = ref[5]
+    stop = ref.index(eos)
+    target = CachedModel(olmoe)
+    # a = 1: every draft is the target's greedy token, so the EOS arrives inside an accepted run
+    out = generate(target, prompt, draft=OracleDraft(1.0), k=8, max_new_tokens=12, eos_token_id=eos, vocab_limit=REAL)
+    assert out.tokens == ref[: stop + 1] and out.stats.stop_reason == "eos"
+    assert target.length == len(prompt) + stop  # the cache holds the committed text minus its last token
+    for budget in (1, 2, 5):  # k = 8 exceeds the budget: exactly `budget` tokens
+        out = generate(olmoe, prompt, draft=OracleDraft(1.0), k=8, max_new_tokens=budget, vocab_limit=REAL)
+        assert out.tokens == ref[:budget]
+
+
+def test_stats_round_trip_and_padding_never_sampled(olmoe, dense):
+    out = generate(olmoe, [256, 65], draft=dense, k=4, temperature=1.5, max_new_tokens=30, seed=5, vocab_limit=REAL)
+    assert max(out.tokens) < REAL and len(out.tokens) == 30
+    s = out.stats
+    assert sum(s.tokens_per_round) == 30 and s.drafted == sum(s.drafted_by_position)
+    assert 0 < s.forward_s <= s.total_s and s.ttft_s <= s.total_s and s.peak_rss_bytes > 0
+    again = type(out).from_dict(out.to_dict())
+    assert again == out
+    same_seed = generate(olmoe, [256, 65], draft=dense, k=4, temperature=1.5, max_new_tokens=30, seed=5, vocab_limit=REAL)
+    assert same_seed.tokens == out.tokens

@@ -1,0 +1,53 @@
+"""OracleDraft: realized acceptance ~ a under greedy verification, output unchanged."""
+
+import math
+
+import pytest
+import torch
+
+from moespec.engine.decode import generate
+from moespec.engine.proposers import OracleDraft
+
+V = 48
+
+
+@pytest.mark.parametrize("a", [0.3, 0.8, 0.95])
+def test_realized_acceptance_is_a(table_lm, a):
+    target = table_lm(V, seed=4)
+    ref = generate(target, [1, 2, 3], k=0, max_new_tokens=3000, vocab_limit=V).tokens
+    oracle = OracleDraft(a, seed=1)
+    out = generate(target, [1, 2, 3], draft=oracle, k=4, max_new_tokens=3000, vocab_limit=V)
+    assert out.tokens == ref and oracle.reanchors == 0
+    tested = sum(out.stats.reached_by_position)
+    # 3,000 tokens give >= 600 tested drafts; |a_hat - a| <= 0.04 (the paper's tolerance) is
+    # >= 2.4 standard errors sqrt(a(1-a)/tested) at the worst a here.
+    assert tested >= 600
+    assert abs(out.stats.geometric_acceptance - a) <= 0.04, (a, out.stats.geometric_acceptance)
+    assert abs(out.stats.geometric_acceptance - a) <= 4 * math.sqrt(a * (1 - a) / tested)
+    # unconditional acceptance at position i is a^i
+    for i, acc in enumerate(out.stats.acceptance_by_position, start=1):
+        assert abs(acc - a**i) <= 0.06, (a, i, acc)
+
+
+def test_reanchors_when_committed_text_leaves_the_reference(table_lm):
+    # The reference is computed from a target whose table then changes (as a batched-vs-batch-one
+    # near-tie would): the oracle must notice and re-anchor, and the output stays the target's greedy.
+    target = table_lm(V, seed=5)
+    prompt = torch.tensor([7, 8])
+    original = target.A.clone()
+
+    class Switching(OracleDraft):
+        def begin(self, **kw):
+            target.A = original * -1.0  # reference from a different model
+            super().begin(**kw)
+            target.A = original
+
+    oracle = Switching(1.0)
+    ref = generate(target, prompt, k=0, max_new_tokens=20, vocab_limit=V).tokens
+    out = generate(target, prompt, draft=oracle, k=4, max_new_tokens=20, vocab_limit=V)
+    assert out.tokens == ref and oracle.reanchors >= 1
+
+
+def test_bad_acceptance():
+    with pytest.raises(ValueError, match="acceptance"):
+        OracleDraft(1.5)
