@@ -1,3 +1,97 @@
-"""moespec generate (being written)."""
+"""moespec generate: lossless speculative decoding from the command line."""
 
-from moespec.cli.app import app  # noqa: F401
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from moespec.cli.app import app
+
+
+def _encode(tok, text: str) -> list[int]:
+    from moespec.models.tokenizer import ByteTokenizer
+
+    return tok.encode(text, add_bos=True) if isinstance(tok, ByteTokenizer) else list(tok.encode(text))
+
+
+def _stats_table(title: str, stats) -> Table:
+    split = stats.latency_split_ms()
+    table = Table("figure", "value", title=title)
+    table.add_row("new tokens", str(stats.new_tokens))
+    table.add_row("tokens/s", f"{stats.tokens_per_s:.2f}")
+    table.add_row("TTFT", f"{1e3 * stats.ttft_s:.1f} ms")
+    table.add_row("rounds", f"{stats.rounds} ({stats.mean_tokens_per_round:.2f} tokens/round)")
+    if stats.drafted:
+        table.add_row("acceptance (pooled)", f"{stats.acceptance:.3f}")
+        table.add_row("acceptance by position", "  ".join(f"{a:.2f}" for a in stats.acceptance_by_position))
+    for part in ("draft", "verify", "sampling", "other"):
+        table.add_row(f"{part} ms/token", f"{split[part]:.3f}")
+    table.add_row("outside forward passes", f"{100 * stats.overhead_share:.2f}%")
+    table.add_row("peak RSS", f"{stats.peak_rss_bytes / 2**20:.0f} MiB")
+    return table
+
+
+@app.command("generate")
+def generate_cmd(
+    target: str = typer.Option(..., "--target", help="Target model: synthetic:NAME or a local checkpoint folder."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model spec (must share the target's tokenizer)."),
+    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="Draft by n-gram prompt lookup, n-gram size N."),
+    oracle_acceptance: Optional[float] = typer.Option(None, "--oracle-acceptance", help="Oracle draft at acceptance A (greedy only)."),
+    k: int = typer.Option(4, "-k", "--k", help="Draft tokens per round (0 = plain decoding)."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy."),
+    top_k: Optional[int] = typer.Option(None, "--top-k"),
+    top_p: Optional[float] = typer.Option(None, "--top-p"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
+    seed: int = typer.Option(0, "--seed"),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="Prompt text."),
+    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the prompt from a file."),
+    compare: bool = typer.Option(False, "--compare", help="Also run plain decoding and print the speedup."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result artifact here."),
+) -> None:
+    """Decode with a target and a draft (model, prompt lookup or oracle), losslessly."""
+    from moespec import artifacts
+    from moespec.engine.decode import check_pairing, generate
+    from moespec.engine.proposers import OracleDraft, PromptLookup
+    from moespec.models.load import load
+
+    if sum(x is not None for x in (draft, prompt_lookup, oracle_acceptance)) > 1:
+        raise typer.BadParameter("choose at most one of --draft, --prompt-lookup, --oracle-acceptance")
+    if (prompt is None) == (prompt_file is None):
+        raise typer.BadParameter("give exactly one of --prompt and --prompt-file")
+    text = prompt if prompt is not None else prompt_file.read_text()
+    console = Console()
+
+    model, tok = load(target)
+    proposer = None
+    if draft is not None:
+        proposer, draft_tok = load(draft)
+        check_pairing(tok, draft_tok)
+    elif prompt_lookup is not None:
+        proposer = PromptLookup(prompt_lookup)
+    elif oracle_acceptance is not None:
+        proposer = OracleDraft(oracle_acceptance, seed=seed)
+
+    input_ids = _encode(tok, text)
+    kwargs = dict(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
+                  eos_token_id=tok.eos_token_id, seed=seed, vocab_limit=len(tok))
+    result = generate(model, input_ids, draft=proposer, k=k if proposer is not None else 0, **kwargs)
+    console.print(tok.decode(result.tokens), markup=False, highlight=False)
+    console.print(_stats_table("speculative" if proposer is not None else "plain decoding", result.stats))
+
+    payload = {"target": target, "draft": draft, "prompt_lookup": prompt_lookup,
+               "oracle_acceptance": oracle_acceptance, "k": k, "text": text, **kwargs,
+               "result": result.to_dict()}
+    if compare:
+        plain = generate(model, input_ids, draft=None, k=0, **kwargs)
+        console.print(_stats_table("plain decoding", plain.stats))
+        speedup = result.stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else float("nan")
+        same = "identical tokens" if plain.tokens == result.tokens else "different tokens (sampling)"
+        console.print(f"speedup {speedup:.2f}x over plain decoding; {same}")
+        payload.update(plain=plain.to_dict(), speedup=speedup)
+    if json_out is not None:
+        artifacts.write(json_out, "generate", payload)
+        console.print(f"wrote {json_out}")

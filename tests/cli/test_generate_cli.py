@@ -1,0 +1,39 @@
+"""moespec generate through typer's CliRunner."""
+
+import json
+
+from typer.testing import CliRunner
+
+from moespec.cli.main import app  # imports every command module, generate included
+
+runner = CliRunner(env={"COLUMNS": "200"})
+BASE = ["generate", "--target", "synthetic:olmoe-tiny", "--max-new-tokens", "8", "--seed", "1"]
+
+
+def test_oracle_compare_writes_json(tmp_path):
+    out = tmp_path / "gen.json"
+    r = runner.invoke(app, [*BASE, "--oracle-acceptance", "0.8", "-k", "3", "--prompt", "Hello", "--compare", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "tokens/s" in r.output and "acceptance by position" in r.output and "speedup" in r.output
+    assert "identical tokens" in r.output  # greedy: speculative and plain decoding agree
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "generate"
+    assert doc["payload"]["result"]["tokens"] == doc["payload"]["plain"]["tokens"]
+    assert len(doc["payload"]["result"]["tokens"]) <= 8
+
+
+def test_draft_model_and_prompt_lookup_from_file(tmp_path):
+    f = tmp_path / "prompt.txt"
+    f.write_text("abcabcabc")
+    r = runner.invoke(app, [*BASE, "--draft", "synthetic:dense-tiny", "-k", "2", "--temperature", "0.8",
+                            "--top-p", "0.9", "--prompt-file", str(f)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, [*BASE, "--prompt-lookup", "2", "-k", "2", "--prompt-file", str(f)])
+    assert r.exit_code == 0, r.output
+
+
+def test_bad_options():
+    r = runner.invoke(app, [*BASE, "--prompt-lookup", "2", "--oracle-acceptance", "0.5", "--prompt", "x"])
+    assert r.exit_code != 0 and "at most one" in r.output
+    r = runner.invoke(app, [*BASE])
+    assert r.exit_code != 0 and "--prompt" in r.output
