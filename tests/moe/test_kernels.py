@@ -216,8 +216,9 @@ def test_auto_switches_at_the_crossover(models, monkeypatch):
     assert [run(n) for n in (1, 2, 9)] == ["slot", "dedup", "dedup"]  # default: dedup from n = 2
     registry.set_crossover(5)
     assert [run(n) for n in (4, 5)] == ["slot", "dedup"]
-    registry.set_crossover(None)  # dedup never pays
-    assert run(16) == "slot"
+    registry.set_crossover(None)  # dedup never pays on verify passes; a prefill still deduplicates
+    assert run(registry.LONGEST_VERIFY_PASS) == "slot"
+    assert run(registry.LONGEST_VERIFY_PASS + 1) == "dedup"
     model = models["olmoe-tiny"]
     registry.set_crossover(3, model=model)  # a model's own crossover wins over the global one
     assert all(registry.crossover(e) == 3 for e in find_experts(model))

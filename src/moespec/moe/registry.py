@@ -12,7 +12,8 @@ kernel from c tokens on, where c is the crossover: the smallest pass size from w
 deduplication is faster (Section 2; it is where u_bar(n) < r(n), eq. (7)). c comes, in this order,
 from a model's own setting (`set_crossover(c, model=model)`), the global one (`set_crossover(c)`),
 or the default 2 (deduplicate every pass of two tokens or more). c = None means deduplication
-never pays: every pass runs per-slot. `crossover_from_characterization` reads c from the artifact
+never pays on verify passes: every pass of up to LONGEST_VERIFY_PASS tokens runs per-slot, and
+only longer passes (prefills, where per-slot would read n*m experts) deduplicate. `crossover_from_characterization` reads c from the artifact
 that `moespec characterize` writes.
 """
 
@@ -28,6 +29,8 @@ from moespec.moe.experts import find_experts
 from moespec.moe.kernels import dedup, per_slot
 
 DEFAULT_CROSSOVER = 2
+# Passes longer than any verify pass (a prefill) always deduplicate: per-slot would read n*m experts.
+LONGEST_VERIFY_PASS = 16
 _MODEL_ATTR = "_moespec_crossover"  # per-module override, set on each experts module of a model
 _UNSET = object()
 _global_crossover: int | None = DEFAULT_CROSSOVER
@@ -86,9 +89,10 @@ def auto(
     top_k_index: torch.Tensor,  # [T, m]
     top_k_weights: torch.Tensor,  # [T, m]
 ) -> torch.Tensor:  # [T, H]
-    """Per-slot below the crossover, dedup from it on; T is the pass size n."""
+    """Per-slot below the crossover, dedup from it on; T is the pass size n. Prefills dedup."""
     c = crossover(experts)
-    if c is not None and hidden_states.shape[0] >= c:
+    T = hidden_states.shape[0]
+    if (c is not None and T >= c) or T > LONGEST_VERIFY_PASS:
         return dedup(experts, hidden_states, top_k_index, top_k_weights)
     return per_slot(experts, hidden_states, top_k_index, top_k_weights)
 
