@@ -78,6 +78,10 @@ def generate_cmd(
     input_ids = _encode(tok, text)
     kwargs = dict(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
                   eos_token_id=tok.eos_token_id, seed=seed, vocab_limit=len(tok))
+    if compare:  # one short untimed run of each path, so neither timing carries first-call warm-up
+        warm = {**kwargs, "max_new_tokens": min(4, max_new_tokens)}
+        generate(model, input_ids, draft=proposer, k=k if proposer is not None else 0, **warm)
+        generate(model, input_ids, k=0, **warm)
     result = generate(model, input_ids, draft=proposer, k=k if proposer is not None else 0, **kwargs)
     console.print(tok.decode(result.tokens), markup=False, highlight=False)
     console.print(_stats_table("speculative" if proposer is not None else "plain decoding", result.stats))

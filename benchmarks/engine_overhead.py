@@ -1,0 +1,102 @@
+"""Engine overhead on olmoe-shaped: moespec's own cost, and moespec against transformers' generate.
+
+Three figures, side by side in one run (issue 2), each the median over --reps repetitions after one
+warm-up:
+
+1. share of wall time outside the target's and the draft's forward passes, oracle draft a = 0.8,
+   k = 4, greedy (goal < 2%);
+2. moespec plain decoding against transformers `generate` (greedy) on the same model (goal >= 1.0x);
+3. moespec with a dense-tiny draft against transformers assisted generation (`assistant_model`, the
+   same k, constant schedule, greedy), tokens checked identical (goal >= 1.1x).
+
+    python benchmarks/engine_overhead.py --out results/engine_overhead.json
+    python benchmarks/engine_overhead.py --layers 1 --tokens 16 --reps 1 --out /tmp/eo.json  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from moespec import artifacts
+from moespec.bench.timing import measure
+from moespec.engine.decode import generate
+from moespec.engine.proposers import OracleDraft
+from moespec.models import synthetic
+from moespec.models.tokenizer import ByteTokenizer
+
+REAL = ByteTokenizer.vocab_size  # ids >= this are output-layer padding
+PROMPT = "Speculative decoding drafts several tokens and verifies them in one pass of the target. "
+
+
+def _hf_generate(model, ids: torch.Tensor, n: int, assistant=None) -> list[int]:
+    out = model.generate(
+        ids, do_sample=False, max_new_tokens=n, min_new_tokens=n, eos_token_id=None,
+        suppress_tokens=list(range(REAL, synthetic.VOCAB)), assistant_model=assistant,
+    )
+    return out[0, ids.shape[1]:].tolist()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=128, help="new tokens per run")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("-k", type=int, default=4)
+    ap.add_argument("--acceptance", type=float, default=0.8)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    target, tok = synthetic.build("olmoe-shaped", seed=0, layers=args.layers)
+    draft, _ = synthetic.build("dense-tiny", seed=1)
+    draft.generation_config.num_assistant_tokens = args.k
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0  # no early stop: exactly k drafts
+    ids = torch.tensor([tok.encode(PROMPT, add_bos=True)])
+    n, k, reps = args.tokens, args.k, args.reps
+
+    def timed(fn):
+        results = []
+        t = measure(lambda: results.append(fn()), reps=reps, warmup=1, device="cpu")
+        return t, results[1:]  # drop the warm-up's result
+
+    oracle_t, oracle_runs = timed(lambda: generate(target, ids, draft=OracleDraft(args.acceptance, seed=0), k=k,
+                                                   max_new_tokens=n, vocab_limit=REAL))
+    plain_t, plain_runs = timed(lambda: generate(target, ids, k=0, max_new_tokens=n, vocab_limit=REAL))
+    hf_t, hf_runs = timed(lambda: _hf_generate(target, ids, n))
+    spec_t, spec_runs = timed(lambda: generate(target, ids, draft=draft, k=k, max_new_tokens=n, vocab_limit=REAL))
+    hfa_t, hfa_runs = timed(lambda: _hf_generate(target, ids, n, assistant=draft))
+
+    share = statistics.median(r.stats.overhead_share for r in oracle_runs)
+    rows = {
+        "oracle_overhead_share": {"value": share, "goal": "< 0.02", "met": share < 0.02,
+                                  "geometric_acceptance": statistics.median(r.stats.geometric_acceptance for r in oracle_runs),
+                                  "moespec_s": oracle_t.to_dict()},
+        "plain_vs_transformers": {"value": hf_t.median / plain_t.median, "goal": ">= 1.0", "met": hf_t.median >= plain_t.median,
+                                  "identical_tokens": plain_runs[0].tokens == hf_runs[0],
+                                  "moespec_s": plain_t.to_dict(), "transformers_s": hf_t.to_dict()},
+        "draft_vs_assisted": {"value": hfa_t.median / spec_t.median, "goal": ">= 1.1", "met": hfa_t.median >= 1.1 * spec_t.median,
+                              "identical_tokens": spec_runs[0].tokens == hfa_runs[0],
+                              "acceptance": spec_runs[0].stats.acceptance,
+                              "moespec_s": spec_t.to_dict(), "transformers_s": hfa_t.to_dict()},
+    }
+    config = {"model": "synthetic:olmoe-shaped", "layers": args.layers, "draft": "synthetic:dense-tiny",
+              "tokens": n, "reps": reps, "k": k, "acceptance": args.acceptance, "threads": torch.get_num_threads()}
+    artifacts.write(args.out, "engine_overhead", {"config": config, "results": rows})
+
+    table = Table("figure", "value", "goal", "met", "identical tokens",
+                  title=f"engine overhead, olmoe-shaped x{args.layers} layers, {n} tokens, median of {reps}")
+    table.add_row("time outside forward passes (oracle a=0.8, k=4)", f"{100 * share:.2f}%", "< 2%", str(share < 0.02), "-")
+    for key, label in (("plain_vs_transformers", "plain: moespec speedup over transformers"),
+                       ("draft_vs_assisted", f"dense-tiny draft, k={k}: speedup over assisted generation")):
+        r = rows[key]
+        table.add_row(label, f"{r['value']:.3f}x", r["goal"] + "x", str(r["met"]), str(r["identical_tokens"]))
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
