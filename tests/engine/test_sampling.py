@@ -17,8 +17,14 @@ V, TRIALS = 30, 50_000
 
 
 def _family(name: str, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p, q) [V] of one family; Dirichlet draws use the global RNG, so it is forked and seeded from g."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=g)))
+        return _draw_family(name)
+
+
+def _draw_family(name: str) -> tuple[torch.Tensor, torch.Tensor]:
     dir_ = lambda alpha: torch.distributions.Dirichlet(torch.full((V,), alpha)).sample()  # noqa: E731
-    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=g)))
     if name == "uniform-dirichlet":
         return dir_(1.0), dir_(1.0)
     if name == "heavy-tailed":
