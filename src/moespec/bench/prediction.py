@@ -1,0 +1,276 @@
+"""The chain's glue: the prediction (22) from artifacts, and its score against the measurement.
+
+Cost-model paper, Sec. 4–4.4 and App. E. `predict_from_artifacts` reads only
+
+- the characterization ("characterize" artifact): each characterized layer's fits (4)/(E.1), its
+  measured operation times on windows of recorded routing, and ε;
+- the routing trace: the union U of every window of n consecutive tokens, per layer and n;
+- the *base* measurement: the verify times τ_p(n) (τ_meas(1) and, for the calibrated version,
+  τ_slot(n)), and h(k) from the payload's "h" section, which `moespec demo` fills from a short
+  oracle probe at an acceptance off the scored grid, before any scored sweep runs.
+
+It never opens the measurement's oracle sweep, so a prediction can be written before the runs it is
+scored against exist. All MoE layers of one model share their widths, so a layer that was not
+characterized takes the fit (and the measured times) of the nearest characterized layer.
+
+`score_from_artifacts` then reads the sweep and calls `costmodel.score.score`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from moespec import artifacts
+from moespec.bench.verify import DEDUP, SLOT
+from moespec.costmodel.fit import ExpertFit
+from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS, Prediction, predict, window_times
+from moespec.costmodel.score import Score, score
+from moespec.moe.traces import RoutingTrace
+
+KIND = "predict"
+SCORE_KIND = "score"
+ENGINE_KERNELS = {"slot": SLOT, "dedup": DEDUP}  # costmodel name -> experts implementation name
+
+
+def payload_of(source: str | Path | Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """The payload of an artifact given as a path, a loaded document or a bare payload."""
+    if isinstance(source, (str, Path)):
+        return artifacts.load(source, kind)["payload"]
+    if not isinstance(source, Mapping):
+        raise TypeError(f"a {kind} artifact must be a path or a dict, got {type(source).__name__}")
+    return dict(source["payload"]) if "payload" in source and "kind" in source else dict(source)
+
+
+def window_unions(trace: RoutingTrace, n: int) -> np.ndarray:
+    """U of every window of n consecutive tokens of every document, per layer: [L, W] ints.
+
+    A window never crosses a document boundary; a document shorter than n gives none.
+    """
+    if n < 1:
+        raise ValueError(f"window length n must be >= 1, got {n}")
+    L, N = trace.num_layers, trace.num_experts
+    rows: list[list[np.ndarray]] = [[] for _ in range(L)]
+    for doc in trace.documents:  # [T, L, m]
+        T = doc.shape[0]
+        if T < n:
+            continue
+        for l in range(L):
+            hit = np.zeros((T + 1, N), dtype=np.int32)
+            np.add.at(hit, (np.arange(1, T + 1)[:, None], doc[:, l, :].astype(np.int64)), 1)
+            counts = np.cumsum(hit, axis=0)  # [T+1, N]: selections of each expert in tokens < t
+            rows[l].append(((counts[n:] - counts[:-n]) > 0).sum(axis=1))  # [T-n+1]
+    if not rows[0]:
+        raise ValueError(f"no document of the trace has {n} tokens; record a longer trace")
+    return np.stack([np.concatenate(r) for r in rows])
+
+
+def nearest_layers(characterized: Sequence[int], L: int) -> list[int]:
+    """For each of the L MoE layers, the characterized layer nearest to it (the lower on a tie)."""
+    c = sorted(int(x) for x in characterized)
+    if not c:
+        raise ValueError("the characterization holds no layer; run `moespec characterize`")
+    return [min(c, key=lambda x: (abs(x - l), x)) for l in range(L)]
+
+
+def _get(d: Mapping, key: Any) -> Any:
+    """d[key] with JSON string keys accepted."""
+    return d[key] if key in d else d[str(key)]
+
+
+def _fits(char: Mapping[str, Any], kernel: str, source: list[int]) -> list[ExpertFit]:
+    return [ExpertFit.from_dict(_get(_get(char["fits"], c), kernel)) for c in source]
+
+
+def _measured_times(char: Mapping[str, Any], source: list[int], ns: list[int]) -> dict[str, dict] | str:
+    """{"slot": {n: [L]}, "dedup": {n: [L]}}: each layer's mean measured time on its recorded
+    windows (the characterized source layer's), or the reason the measured-time version is unavailable."""
+    times: dict[tuple, list[float]] = {}
+    for p in char.get("points", []):
+        if p.get("source") == "recorded":
+            times.setdefault((int(p["layer"]), p["kernel"], int(p["n"])), []).append(float(p["timing"]["median"]))
+    out: dict[str, dict] = {"slot": {}, "dedup": {}}
+    for kernel, sizes in (("slot", ns), ("dedup", [n for n in ns if n >= 2])):
+        for n in sizes:
+            missing = [c for c in sorted(set(source)) if (c, kernel, n) not in times]
+            if missing:
+                return (f"the characterization has no {kernel} times on recorded windows at n = {n} for "
+                        f"layer(s) {missing}; run `moespec characterize` with windows >= 1")
+            out[kernel][n] = [float(np.mean(times[(c, kernel, n)])) for c in source]
+    return out
+
+
+def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -> dict[str, Any]:
+    """What predict takes from the measurement: τ_p(n), τ_meas(1) and h(k) at one depth.
+
+    Reads the "verify" section and the "h" section ({depth: {k: seconds}}) only.
+    """
+    verify = {int(v["depth"]): v for v in measurement_base.get("verify", [])}
+    if not verify:
+        raise ValueError("the measurement has no verify times; run `moespec measure` (or the demo's base phase)")
+    depth = min(verify) if depth is None else int(depth)
+    if depth not in verify:
+        raise ValueError(f"the measurement has no verify times at depth {depth}; it has {sorted(verify)}")
+    h_all = measurement_base.get("h")
+    if not h_all or str(depth) not in {str(k) for k in h_all}:
+        raise ValueError(f"the measurement has no h(k) at depth {depth}; write the base measurement with "
+                         "`moespec demo` (its h probe) or add an \"h\" section {depth: {k: seconds}}")
+    h = _get(h_all, depth)
+    ks = sorted(int(k) for k in h)
+    if ks != list(range(len(ks))):
+        raise ValueError(f"h(k) at depth {depth} has k = {ks}; give every k = 0..kmax")
+    v = verify[depth]
+    tau = {p: {int(n): float(t) for n, t in v["tau"][ENGINE_KERNELS[p]].items()}
+           for p in ("slot", "dedup") if ENGINE_KERNELS[p] in v["tau"]}
+    return {"depth": depth, "tau": tau, "tau1": float(v["tau_meas_1"]), "h": [float(_get(h, k)) for k in ks]}
+
+
+def _operation_inputs(char: Mapping[str, Any], trace: RoutingTrace, ns: list[int], measured: bool):
+    """(t_slot, t_dedup) for `predict`: fits at every recorded window's bytes, or measured times."""
+    L, m = trace.num_layers, trace.top_k
+    source = nearest_layers(char["layers"], L)
+    if measured:
+        got = _measured_times(char, source, ns)
+        if isinstance(got, str):
+            return got
+        return got["slot"], got["dedup"]
+    fits = {k: _fits(char, k, source) for k in ("slot", "dedup")}
+    w = list(trace.expert_bytes)
+    t_slot, t_dedup = {}, {}
+    for n in ns:
+        U = window_unions(trace, n)
+        t_slot[n] = window_times(fits["slot"], U, n, m, w)
+        if n >= 2:
+            t_dedup[n] = window_times(fits["dedup"], U, n, m, w)
+    return t_slot, t_dedup
+
+
+def predict_from_artifacts(
+    characterization: str | Path | Mapping[str, Any],
+    traces: str | Path | RoutingTrace,
+    measurement_base: str | Path | Mapping[str, Any],
+    *,
+    version: str = "prediction",
+    depth: int | None = None,
+    acceptance: Sequence[float] = ACCEPTANCE_GRID,
+) -> Prediction:
+    """One version of the prediction (22) from the chain's artifacts (Sec. 4).
+
+    version: "prediction" (each characterized layer's fit at the union bytes of every recorded
+    window, eq. (4)/(E.1)), "measured-time" (each layer's measured operation time on the
+    characterization's recorded windows) or "calibrated" (the measured-time version, or the
+    prediction where no measured times exist, plus the growth with n of the time outside the
+    expert operation from τ_slot(n)). Uncharacterized layers take the nearest characterized
+    layer's fit and times: all MoE layers of a model share their widths.
+    depth: the context depth of the verify times and h(k) (default: the smallest measured).
+    Raises ValueError naming the missing input when a version cannot be computed.
+    """
+    if version not in VERSIONS:
+        raise ValueError(f"version={version!r}; choose one of {VERSIONS}")
+    char = payload_of(characterization, "characterize")
+    trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
+    base = base_inputs(payload_of(measurement_base, "measure"), depth)
+    both = {int(n) for n in char["n"]} & set(base["tau"].get("slot", {}))
+    ns = []
+    while len(ns) + 1 in both:
+        ns.append(len(ns) + 1)
+    if len(ns) < 2:
+        raise ValueError(f"pass sizes shared by the characterization and the verify times: {ns}; need 1..n_max >= 2")
+    ops = _operation_inputs(char, trace, ns, measured=version != "prediction")
+    if isinstance(ops, str):
+        if version == "measured-time":
+            raise ValueError(ops)
+        ops = _operation_inputs(char, trace, ns, measured=False)
+    h = base["h"][: ns[-1]]
+    return predict(
+        t_slot=ops[0], t_dedup=ops[1], tau1=base["tau1"], h=h, eps=float(char["eps"]["engine"]), version=version,
+        tau_slot_measured=base["tau"]["slot"] if version == "calibrated" else None, acceptance=acceptance,
+    )
+
+
+def predict_all(characterization, traces, measurement_base, *, acceptance: Sequence[float] = ACCEPTANCE_GRID,
+                sources: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every version at every measured depth: the "predict" payload, with the reason for any gap."""
+    char = payload_of(characterization, "characterize")
+    trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
+    base = payload_of(measurement_base, "measure")
+    depths = []
+    for v in base.get("verify", []):
+        d = int(v["depth"])
+        entry: dict[str, Any] = {"depth": d, "versions": {}, "unavailable": {}}
+        for version in VERSIONS:
+            try:
+                entry["versions"][version] = predict_from_artifacts(
+                    char, trace, base, version=version, depth=d, acceptance=acceptance).to_dict()
+            except ValueError as e:
+                entry["unavailable"][version] = str(e)
+        if "calibrated" in entry["versions"]:
+            entry["calibrated_on"] = "measured-time" if "measured-time" in entry["versions"] else "prediction"
+        depths.append(entry)
+    if not depths:
+        raise ValueError("the measurement has no verify times; run the base measurement first")
+    return {"model": base.get("model"), "sources": dict(sources or {}), "h_source": base.get("h_source", ""),
+            "characterized_layers": list(char["layers"]), "trace_layers": trace.num_layers,
+            "eps": char["eps"], "depths": depths}
+
+
+def _oracle_entry(measurement: Mapping[str, Any], kernel: str, depth: int) -> dict:
+    for e in measurement.get("oracle", []):
+        if e["kernel"] == kernel and int(e["depth"]) == depth:
+            return e
+    raise ValueError(f"the measurement has no oracle sweep with {kernel} at depth {depth}; "
+                     "run the sweep phase (`moespec measure` or `moespec demo`)")
+
+
+def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement: str | Path | Mapping[str, Any], *,
+                         depth: int | None = None, kernel: str = "dedup") -> Score:
+    """Score one prediction version against the measurement's verify times and oracle sweep at `depth`.
+
+    kernel: the scored kernel ("dedup" or "slot"); its sweep gives the throughput T(k, a) on the
+    prediction's acceptance grid and the measured step times V(k).
+    """
+    if not isinstance(prediction, Prediction):
+        prediction = Prediction.from_dict(prediction)
+    meas = payload_of(measurement, "measure")
+    verify = {int(v["depth"]): v for v in meas.get("verify", [])}
+    depth = min(verify) if depth is None else int(depth)
+    if depth not in verify:
+        raise ValueError(f"the measurement has no verify times at depth {depth}; it has {sorted(verify)}")
+    v = verify[depth]
+    entry = _oracle_entry(meas, ENGINE_KERNELS[kernel], depth)
+    ks = list(range(prediction.kmax + 1))
+    cells = {(int(c["k"]), None if c["a"] is None else round(float(c["a"]), 6)): c for c in entry["cells"]}
+    T = []
+    for a in prediction.acceptance:
+        row = []
+        for k in ks:
+            c = cells.get((k, None if k == 0 else round(float(a), 6)))
+            if c is None:
+                raise ValueError(f"the oracle sweep lacks k={k}, a={a}; sweep k = 0..{ks[-1]} at every a of the grid")
+            row.append(float(c["throughput"]))
+        T.append(row)
+    savings = {int(s["n"]): s for s in v["saving"]}
+    return score(
+        prediction, tau_slot=v["tau"][SLOT], tau_dedup=v["tau"][DEDUP],
+        S_lo={n: s["lo"] for n, s in savings.items()}, S_hi={n: s["hi"] for n, s in savings.items()},
+        S={n: s["point"] for n, s in savings.items()}, throughput=T,
+        V=[float(_get(entry["V"], k)) for k in ks], kernel=kernel,
+    )
+
+
+def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str = "dedup") -> dict[str, Any]:
+    """Every available version at every depth scored: the "score" payload."""
+    meas = payload_of(measurement, "measure")
+    pred = payload_of(prediction_payload, KIND)
+    out = []
+    for entry in pred["depths"]:
+        scored: dict[str, Any] = {"depth": entry["depth"], "versions": {}, "unavailable": dict(entry["unavailable"])}
+        for version, p in entry["versions"].items():
+            try:
+                scored["versions"][version] = score_from_artifacts(p, meas, depth=entry["depth"], kernel=kernel).to_dict()
+            except ValueError as e:
+                scored["unavailable"][version] = str(e)
+        out.append(scored)
+    return {"model": pred.get("model"), "kernel": kernel, "depths": out}

@@ -1,0 +1,122 @@
+"""moespec predict / score / report / demo: the end of the chain, and the whole chain in one command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from moespec import artifacts
+from moespec.cli.app import app
+
+
+def _prediction_table(payload: dict) -> Table:
+    table = Table("d", "version", "crossover", "k̂*(a) on the grid (dedup)", "best predicted speedup",
+                  title=f"prediction, {payload.get('model')}")
+    for entry in payload["depths"]:
+        for version, p in entry["versions"].items():
+            k = p["k_star"]["dedup"]
+            table.add_row(str(entry["depth"]), version, str(p["crossover"] or "none"), " ".join(map(str, k)),
+                          f"{max(p['speedup']['dedup']):.3f}x")
+        for version, why in entry["unavailable"].items():
+            table.add_row(str(entry["depth"]), version, "—", f"unavailable: {why}", "—")
+    return table
+
+
+def _score_table(payload: dict) -> Table:
+    table = Table("d", "version", "crossover pred/meas", "k* within one", "max loss", "τ error", "δ", "rules passed",
+                  title=f"score, {payload.get('model')} ({payload.get('kernel')} kernel)")
+    for entry in payload["depths"]:
+        for version, s in entry["versions"].items():
+            within = sum(abs(p - m) <= 1 for p, m in zip(s["k_star_predicted"], s["k_star_measured"]))
+            passed = sum(r["passed"] for r in s["rules"])
+            table.add_row(str(entry["depth"]), version,
+                          f"{s['crossover_predicted'] or 'none'} / {s['crossover_measured'] or 'none'}",
+                          f"{within}/{len(s['acceptance'])}", f"{100 * max(s['loss']):.1f}%",
+                          f"{100 * s['tau_error']:.1f}%", f"{s['delta']:.3f}", f"{passed}/{len(s['rules'])}")
+    return table
+
+
+@app.command("predict")
+def predict_command(
+    characterization: Path = typer.Option(..., "--characterization", help="characterize artifact"),
+    traces: Path = typer.Option(..., "--traces", help="routing trace (Parquet) of the same model"),
+    measurement: Path = typer.Option(..., "--measurement", help="base measurement: verify times and h(k)"),
+    out: Path = typer.Option(Path("prediction.json"), "--out", help="where to write the prediction"),
+) -> None:
+    """Predict τ̂_p(n), Ŝ(n) with its band, the crossover, k̂*(a) and the speedup (22), in three versions."""
+    from moespec.bench.prediction import KIND, predict_all
+
+    sources = {"characterization": str(characterization), "traces": str(traces), "measurement_base": str(measurement)}
+    try:
+        payload = predict_all(characterization, traces, measurement, sources=sources)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e
+    artifacts.write(out, KIND, payload)
+    console = Console()
+    console.print(_prediction_table(payload))
+    console.print(f"wrote {out}")
+
+
+@app.command("score")
+def score_command(
+    prediction: Path = typer.Option(..., "--prediction", help="predict artifact"),
+    measurement: Path = typer.Option(..., "--measurement", help="measure artifact with the oracle sweep"),
+    out: Path = typer.Option(Path("score.json"), "--out", help="where to write the score"),
+    kernel: str = typer.Option("dedup", help="the scored kernel: dedup or slot"),
+) -> None:
+    """Score the prediction against the measurement: Tables 3, 4, 7 and the rules of Table 8."""
+    from moespec.bench.prediction import KIND, SCORE_KIND, score_all
+
+    if kernel not in ("dedup", "slot"):
+        raise typer.BadParameter(f"--kernel {kernel!r}; use dedup or slot")
+    try:
+        payload = score_all(artifacts.load(prediction, KIND), measurement, kernel=kernel)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e
+    artifacts.write(out, SCORE_KIND, payload)
+    console = Console()
+    console.print(_score_table(payload))
+    console.print(f"wrote {out}")
+
+
+@app.command("report")
+def report_command(
+    run_dir: Path = typer.Option(..., "--dir", help="run folder holding the chain's artifacts"),
+    out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: DIR/report.html)"),
+) -> None:
+    """Write the self-contained HTML report (Figures 1–6, Tables 1, 3, 4, 7, 8) and summary.txt."""
+    from moespec.report.build import build_report
+
+    try:
+        path = build_report(run_dir, out=out or run_dir / "report.html")
+    except FileNotFoundError as e:
+        raise typer.BadParameter(str(e)) from e
+    console = Console()
+    console.print((path.parent / "summary.txt").read_text(encoding="utf-8"))
+    console.print(f"wrote {path}")
+
+
+@app.command("demo")
+def demo_command(
+    out_dir: Path = typer.Option(Path("moespec-demo"), "--out-dir", help="run folder; finished steps are reused"),
+    full: bool = typer.Option(False, "--full", help="the paper's protocol: 6 prompts, 256 tokens, d = 512 and 4096"),
+    model: str = typer.Option("synthetic:olmoe-shaped", "--model", help="synthetic:NAME or a local checkpoint"),
+    smoke: bool = typer.Option(False, "--smoke", help="plumbing check in seconds on olmoe-tiny (tiny settings)"),
+) -> None:
+    """The whole chain: trace → characterize → measure → predict → sweep → score → report."""
+    from moespec.pipeline import DemoConfig, run_demo
+
+    if smoke and full:
+        raise typer.BadParameter("--smoke and --full exclude each other")
+    console = Console()
+    config = DemoConfig.smoke() if smoke else None
+    result = run_demo(out_dir, full=full, model=model, config=config, progress=not smoke, echo=console.print)
+    for name in ("prediction.json", "score.json"):
+        kind = "predict" if name == "prediction.json" else "score"
+        payload = artifacts.load(result.out_dir / name, kind)["payload"]
+        console.print(_prediction_table(payload) if kind == "predict" else _score_table(payload))
+    console.print(f"report: {result.report}")

@@ -1,0 +1,193 @@
+"""`moespec demo`: the whole chain of the cost-model paper on one model, resumable step by step.
+
+    trace → characterize → measure (base) → predict → measure (sweeps) → score → report
+
+Each step writes one artifact into the run folder and is skipped when that artifact exists, so a
+second run reuses finished work and an interrupted one resumes through the point logs that
+`characterize` and `measure` keep. The prediction is written after the *base* measurement (verify
+times τ_p(n) and an h(k) probe, the oracle at one acceptance off the scored grid) and before any
+scored sweep runs: predict never reads a sweep it is scored against (Sec. 4).
+
+Both measurement phases share one point log (`measurement.points.jsonl`), so the verify times and
+the k = 0 runs of the base phase are read back, not measured again, by the sweep phase.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from moespec import artifacts
+from moespec.bench.prediction import KIND as PREDICT_KIND
+from moespec.bench.prediction import SCORE_KIND, predict_all, score_all
+from moespec.bench.verify import DEDUP
+
+TRACES = "traces.parquet"
+CHARACTERIZATION = "characterization.json"
+MEASUREMENT_BASE = "measurement-base.json"
+MEASUREMENT = "measurement.json"
+PREDICTION = "prediction.json"
+SCORE = "score.json"
+REPORT = "report.html"
+# The h(k) probe's acceptance: off the scored grid, so no scored cell is run before the prediction.
+H_PROBE_ACCEPTANCE = 0.75
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """The knobs of each step; `demo()` fits a 2-core CPU in minutes, `full()` is the paper's protocol."""
+
+    model: str = "synthetic:olmoe-shaped"
+    layers: int | None = None  # a synthetic preset's depth (None: the preset's)
+    trace_tokens: int = 4096
+    characterize: dict = field(default_factory=lambda: dict(layers=(0,), reps=3, u_points=3, windows=4))
+    measure: dict = field(default_factory=lambda: dict(scaling_ns=tuple(range(1, 10))))
+    full: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.trace_tokens < 16:
+            raise ValueError(f"trace_tokens={self.trace_tokens}; trace at least 16 tokens")
+
+    @classmethod
+    def demo(cls, **overrides) -> "DemoConfig":
+        return cls(**overrides)
+
+    @classmethod
+    def full_protocol(cls, **overrides) -> "DemoConfig":
+        paper = dict(trace_tokens=65536, characterize=dict(layers=(0, "mid")), measure={}, full=True)
+        return cls(**{**paper, **overrides})
+
+    @classmethod
+    def smoke(cls, **overrides) -> "DemoConfig":
+        """Seconds on a *-tiny preset: n <= 3, k <= 2, depth 16; checks the plumbing, not the figures."""
+        tiny = dict(model="synthetic:olmoe-tiny", trace_tokens=200,
+                    characterize=dict(layers=(0,), reps=1, warmup=0, u_points=2, windows=2, n=range(1, 4)),
+                    measure=dict(depths=(16,), ns=range(1, 4), reps=1, ks=(0, 1, 2), new_tokens=6, scaling_ns=(),
+                                 flush=False))
+        return cls(**{**tiny, **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """Where each artifact of the run lies, which steps ran (the rest were reused), and the summary."""
+
+    out_dir: Path
+    ran: tuple[str, ...]
+    seconds: dict
+    summary: str
+
+    @property
+    def report(self) -> Path:
+        return self.out_dir / REPORT
+
+
+def _measure_phase(cfg: DemoConfig, out: Path, *, base: bool, progress: bool) -> dict[str, Any]:
+    """One phase of `bench.measure.measure`; the base phase runs no scored cell (no scaling curve,
+    the oracle at H_PROBE_ACCEPTANCE only)."""
+    from moespec.bench.measure import measure
+
+    knobs = dict(cfg.measure)
+    if base:
+        knobs.update(acceptances=(H_PROBE_ACCEPTANCE,), scaling_ns=(), oracle_kernels=(DEDUP,))
+    return measure(cfg.model, full=cfg.full, out=out, layers=cfg.layers, progress=progress, **knobs)
+
+
+def base_payload(phase1: dict[str, Any]) -> dict[str, Any]:
+    """The base measurement: verify times, and h(k) per depth from the probe (its cells kept apart)."""
+    probe = [e for e in phase1["oracle"] if e["kernel"] == DEDUP] or phase1["oracle"]
+    return {**{k: v for k, v in phase1.items() if k != "oracle"},
+            "h": {str(e["depth"]): e["h"] for e in probe},
+            "h_source": f"oracle probe at a = {H_PROBE_ACCEPTANCE} (off the scored grid), kernel {probe[0]['kernel']}",
+            "h_probe": phase1["oracle"], "oracle": []}
+
+
+def run_demo(
+    out_dir: str | Path = "moespec-demo",
+    *,
+    full: bool = False,
+    model: str = "synthetic:olmoe-shaped",
+    config: DemoConfig | None = None,
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+) -> DemoResult:
+    """Run (or resume) the chain into `out_dir` and return where everything lies.
+
+    config: every step's knobs (default `DemoConfig.demo(model=model)`, or the paper's protocol with
+    `full=True`). The model is built once for trace and characterize; each measurement phase builds
+    its own (`bench.measure.measure` takes a spec), after the first is freed.
+    """
+    from moespec.report.build import build_report
+
+    if config is None:
+        config = DemoConfig.full_protocol(model=model) if full else DemoConfig.demo(model=model)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {name: out / name for name in (TRACES, CHARACTERIZATION, MEASUREMENT_BASE, MEASUREMENT, PREDICTION, SCORE)}
+    ran, seconds = [], {}
+
+    def step(name: str, path: Path, work: Callable[[], None]) -> None:
+        if path.exists():
+            echo(f"[{name}] reusing {path}")
+            return
+        echo(f"[{name}] running")
+        t0 = time.perf_counter()
+        work()
+        seconds[name] = time.perf_counter() - t0
+        ran.append(name)
+        echo(f"[{name}] done in {seconds[name]:.0f} s -> {path}")
+
+    if not (paths[TRACES].exists() and paths[CHARACTERIZATION].exists()):
+        from moespec.models.load import load
+
+        net, tok = load(config.model, seed=config.seed, layers=config.layers)
+        step("trace", paths[TRACES], lambda: _trace(net, tok, config, paths[TRACES]))
+        step("characterize", paths[CHARACTERIZATION],
+             lambda: _characterize(net, config, paths[TRACES], paths[CHARACTERIZATION], progress))
+        del net
+        gc.collect()
+
+    def measure_base() -> None:
+        phase1 = _measure_phase(config, paths[MEASUREMENT], base=True, progress=progress)
+        artifacts.write(paths[MEASUREMENT_BASE], "measure", base_payload(phase1))
+        paths[MEASUREMENT].unlink()  # the phase-1 artifact; its point log stays for the sweep phase
+
+    step("measure-base", paths[MEASUREMENT_BASE], measure_base)
+    sources = {"characterization": str(paths[CHARACTERIZATION]), "traces": str(paths[TRACES]),
+               "measurement_base": str(paths[MEASUREMENT_BASE])}
+    step("predict", paths[PREDICTION], lambda: artifacts.write(paths[PREDICTION], PREDICT_KIND, predict_all(
+        paths[CHARACTERIZATION], paths[TRACES], paths[MEASUREMENT_BASE], sources=sources)))
+    step("measure-sweep", paths[MEASUREMENT],
+         lambda: _measure_phase(config, paths[MEASUREMENT], base=False, progress=progress))
+    step("score", paths[SCORE], lambda: artifacts.write(paths[SCORE], SCORE_KIND, score_all(
+        artifacts.load(paths[PREDICTION], PREDICT_KIND), paths[MEASUREMENT])))
+    t0 = time.perf_counter()
+    report = build_report(out, out=out / REPORT)
+    summary = (out / "summary.txt").read_text(encoding="utf-8")
+    seconds["report"] = time.perf_counter() - t0
+    echo(summary)
+    echo(f"report: {report}")
+    return DemoResult(out_dir=out, ran=tuple(ran), seconds=seconds, summary=summary)
+
+
+def _trace(net, tok, config: DemoConfig, path: Path) -> None:
+    from moespec.moe.corpus import default_corpus
+    from moespec.moe.routing import record_to_file, tokenize
+
+    docs = tokenize(tok, default_corpus(), config.trace_tokens)
+    record_to_file(net, docs, path, model_spec=config.model, corpus=["moespec:data/corpus"])
+
+
+def _characterize(net, config: DemoConfig, traces: Path, path: Path, progress: bool) -> None:
+    from moespec.bench.characterize import characterize
+
+    knobs = dict(config.characterize)
+    if "n" not in knobs and "ns" in config.measure:
+        knobs["n"] = config.measure["ns"]
+    characterize(net, traces, out=path, progress=progress, seed=config.seed, **knobs)

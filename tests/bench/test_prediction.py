@@ -1,0 +1,101 @@
+"""predict_from_artifacts: built from characterization, trace and base measurement only."""
+
+import json
+
+import numpy as np
+import pytest
+
+from moespec import artifacts
+from moespec.bench.prediction import (nearest_layers, predict_all, predict_from_artifacts, score_from_artifacts,
+                                      window_unions)
+from moespec.costmodel.fit import ExpertFit
+from moespec.costmodel.predict import VERSIONS
+from moespec.moe.traces import RoutingTrace
+from moespec.pipeline import DemoConfig, run_demo
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("chain")
+    run_demo(out, config=DemoConfig.smoke(), progress=False, echo=lambda _: None)
+    return out
+
+
+def _inputs(run):
+    return (artifacts.load(run / "characterization.json", "characterize")["payload"],
+            RoutingTrace.load(run / "traces.parquet"),
+            artifacts.load(run / "measurement-base.json", "measure")["payload"])
+
+
+def test_window_unions_match_a_direct_count():
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 6, size=(T, 2, 2)) for T in (7, 3)]
+    for d in docs:  # top-2 of distinct experts per token
+        d[:, :, 1] = (d[:, :, 0] + 1 + rng.integers(0, 4, size=d.shape[:2])) % 6
+    trace = RoutingTrace(documents=docs, num_experts=6, expert_bytes=(10, 10))
+    for n in (1, 2, 3, 4):
+        U = window_unions(trace, n)
+        want = [[len(set(d[t:t + n, l].ravel())) for d in docs for t in range(d.shape[0] - n + 1)] for l in range(2)]
+        assert U.tolist() == want
+
+
+def test_nearest_layers():
+    assert nearest_layers([0, 4], 6) == [0, 0, 0, 4, 4, 4]
+    with pytest.raises(ValueError, match="no layer"):
+        nearest_layers([], 3)
+
+
+def test_every_version_predicts(run):
+    char, trace, base = _inputs(run)
+    payload = predict_all(char, trace, base)
+    entry = payload["depths"][0]
+    assert set(entry["versions"]) == set(VERSIONS) and entry["unavailable"] == {}
+    p = entry["versions"]["calibrated"]
+    # the calibrated version reproduces the measured per-slot verify times exactly
+    tau = base["verify"][0]["tau"]["moespec_slot"]
+    assert p["tau"]["slot"] == pytest.approx([tau[str(n)] for n in p["n"]])
+
+
+def test_predict_never_reads_the_sweeps(run):
+    char, trace, base = _inputs(run)
+    clean = predict_from_artifacts(char, trace, base, version="prediction")
+    full = artifacts.load(run / "measurement.json", "measure")["payload"]
+    garbage = {**base, "oracle": "garbage", "draft_sweep": {"not": "a sweep"}, "scaling": None}
+    assert predict_from_artifacts(char, trace, garbage, version="prediction") == clean
+    # the sweep's own h(k) differs from the probe's; swapping it in must not leak into the prediction
+    swept = {**base, "oracle": full["oracle"]}
+    assert predict_from_artifacts(char, trace, swept, version="prediction") == clean
+
+
+def test_missing_h_names_the_fix(run):
+    char, trace, base = _inputs(run)
+    with pytest.raises(ValueError, match="no h\\(k\\)"):
+        predict_from_artifacts(char, trace, {**base, "h": {}})
+
+
+def test_measured_time_version_unavailable_without_recorded_windows(run):
+    char, trace, base = _inputs(run)
+    chosen_only = {**char, "points": [p for p in char["points"] if p["source"] != "recorded"]}
+    with pytest.raises(ValueError, match="recorded windows"):
+        predict_from_artifacts(chosen_only, trace, base, version="measured-time")
+    entry = predict_all(chosen_only, trace, base)["depths"][0]
+    assert "measured-time" in entry["unavailable"] and entry["calibrated_on"] == "prediction"
+
+
+def test_uncharacterized_layers_take_the_nearest_fit(run):
+    char, trace, base = _inputs(run)
+    assert char["layers"] == [0] and trace.num_layers == 2
+    p = predict_from_artifacts(char, trace, base, version="prediction")
+    fit0 = ExpertFit.from_dict(char["fits"]["0"]["slot"])
+    # at n = 1 every window has U = m; M̂ sums two layers that both use layer 0's fit
+    one = float(fit0.predict(trace.top_k, 1, trace.top_k, trace.expert_bytes[1]))
+    assert p.M["slot"][0] == pytest.approx(2 * one)
+
+
+def test_score_from_artifacts_reads_the_sweep(run):
+    char, trace, base = _inputs(run)
+    p = predict_from_artifacts(char, trace, base, version="calibrated")
+    s = score_from_artifacts(p, run / "measurement.json")
+    assert len(s.k_star_measured) == len(p.acceptance) == 11
+    assert len(s.rules) == 6
+    json.dumps(s.to_dict())

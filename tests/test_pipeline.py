@@ -1,0 +1,45 @@
+"""run_demo on olmoe-tiny with the smoke settings: the chain runs, a second run reuses every artifact."""
+
+import pytest
+
+from moespec import artifacts
+from moespec.pipeline import DemoConfig, run_demo
+
+STEPS = ("trace", "characterize", "measure-base", "predict", "measure-sweep", "score")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    return out, run_demo(out, config=DemoConfig.smoke(), progress=False, echo=lambda _: None)
+
+
+def test_first_run_runs_every_step_in_order(run):
+    out, result = run
+    assert result.ran == STEPS
+    assert (out / "report.html").exists() and (out / "summary.txt").exists()
+
+
+def test_prediction_is_written_before_the_sweep(run):
+    out, _ = run
+    # the sweep artifact is written after the prediction it is scored against
+    assert (out / "prediction.json").stat().st_mtime_ns < (out / "measurement.json").stat().st_mtime_ns
+    base = artifacts.load(out / "measurement-base.json", "measure")["payload"]
+    assert base["oracle"] == [] and base["h"]["16"].keys() == {"0", "1", "2"}
+    assert all(c["a"] in (None, 0.75) for e in base["h_probe"] for c in e["cells"])
+
+
+def test_second_run_reuses_every_artifact(run):
+    out, _ = run
+    logs = sorted(out.glob("*.points.jsonl"))
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in logs + [out / "measurement.json"]}
+    again = run_demo(out, config=DemoConfig.smoke(), progress=False, echo=lambda _: None)
+    assert again.ran == ()
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in before} == before
+
+
+def test_summary_names_crossover_and_best_speedup(run):
+    _, result = run
+    assert "predicted crossover" in result.summary and "measured crossover" in result.summary
+    assert "best measured speedup" in result.summary
+    assert "k* measured" in result.summary and "rules:" in result.summary
