@@ -107,3 +107,14 @@ def test_stats_round_trip_and_padding_never_sampled(olmoe, dense):
     assert again == out
     same_seed = generate(olmoe, [256, 65], draft=dense, k=4, temperature=1.5, max_new_tokens=30, seed=5, vocab_limit=REAL)
     assert same_seed.tokens == out.tokens
+
+
+def test_synthetic_padding_ids_never_produced_without_a_tokenizer():
+    """Synthetic presets declare their real vocabulary; no caller-side vocab_limit is needed."""
+    model, _ = synthetic.build("olmoe-tiny", seed=0)
+    # At a high temperature the 13 padded rows are sampled often when nothing masks them
+    # (13/272 of the mass at T -> inf; 200 tokens make a miss vanishingly unlikely).
+    unmasked = generate(model, [1, 2, 3], max_new_tokens=200, temperature=50.0, seed=1, vocab_limit=synthetic.VOCAB)
+    assert max(unmasked.tokens) >= ByteTokenizer.vocab_size
+    out = generate(model, [1, 2, 3], max_new_tokens=200, temperature=50.0, seed=1)
+    assert max(out.tokens) < ByteTokenizer.vocab_size

@@ -39,6 +39,16 @@ class CachedModel:
         return self._length
 
     @property
+    def vocab_limit(self) -> int | None:
+        """The real vocabulary size the model's config declares (`moespec_vocab_limit`), or None.
+
+        Synthetic presets record it, so padded output rows are never sampled even when the caller
+        passes no tokenizer; other checkpoints need `vocab_limit=len(tokenizer)` from the caller.
+        """
+        value = getattr(self.model.config, "moespec_vocab_limit", None)
+        return None if value is None else int(value)
+
+    @property
     def width(self) -> int:
         """Number of logits per position (the output layer's rows, padding included)."""
         head = self.model.get_output_embeddings()

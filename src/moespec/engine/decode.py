@@ -92,7 +92,8 @@ def generate(
     (wrapped as DraftModel) or a proposer. k: drafts per round (0 = plain decoding). Sampling is
     temperature/top-k/top-p target sampling, greedy at temperature 0, seeded by `seed`.
     vocab_limit: ids >= vocab_limit are never produced (the tokenizer's length when the output
-    layer is padded); default: the shared logit width. Stops after exactly `max_new_tokens` tokens
+    layer is padded); default: the smaller of the models' declared `moespec_vocab_limit` (synthetic
+    presets declare theirs) and the shared logit width. Stops after exactly `max_new_tokens` tokens
     or at an EOS (kept in the output), whichever comes first.
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
@@ -109,6 +110,9 @@ def generate(
     width = tgt.width
     if isinstance(proposer, DraftModel):
         width = min(width, proposer.width)
+    if vocab_limit is None:
+        declared = [m.vocab_limit for m in (tgt, getattr(proposer, "cached", None)) if m is not None and m.vocab_limit]
+        vocab_limit = min(declared) if declared else None
     sampler = Sampler(config, width=width, vocab_limit=vocab_limit, seed=seed)
     if proposer is not None:
         proposer.begin(target=tgt, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler)

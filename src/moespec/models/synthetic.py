@@ -166,6 +166,7 @@ def build(
     cfg = config(name, layers=layers, experts=experts, **overrides)
     torch_dtype = resolve_dtype(dtype)
     cfg.dtype = torch_dtype
+    cfg.moespec_vocab_limit = ByteTokenizer.vocab_size  # ids from here to VOCAB are padding, never sampled
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(cfg)
