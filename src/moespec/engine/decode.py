@@ -111,7 +111,8 @@ def generate(
     if isinstance(proposer, DraftModel):
         width = min(width, proposer.width)
     if vocab_limit is None:
-        declared = [m.vocab_limit for m in (tgt, getattr(proposer, "cached", None)) if m is not None and m.vocab_limit]
+        models = (tgt, getattr(proposer, "cached", None))
+        declared = [v for v in (getattr(m, "vocab_limit", None) for m in models) if v]
         vocab_limit = min(declared) if declared else None
     sampler = Sampler(config, width=width, vocab_limit=vocab_limit, seed=seed)
     if proposer is not None:
