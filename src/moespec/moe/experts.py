@@ -38,9 +38,7 @@ class ExpertViews:
     has_gate: bool
     dtype: torch.dtype
     up: tuple[torch.Tensor, ...]  # N views [O, H]
-    up_t: tuple[torch.Tensor, ...]  # N views [H, O], the transposes of `up`
     down: tuple[torch.Tensor, ...]  # N views [H, I]
-    down_t: tuple[torch.Tensor, ...]  # N views [I, H]
     up_bias: tuple[torch.Tensor, ...] | None  # N views [O]
     down_bias: tuple[torch.Tensor, ...] | None  # N views [H]
     activation: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]  # (experts, [S, O]) -> [S, I]
@@ -116,22 +114,17 @@ def _build_views(experts: torch.nn.Module) -> ExpertViews:
         )
     up_rows = up.unbind(0)
     down_rows = down.unbind(0)
-    if transposed:
-        up_t, up_n = up_rows, tuple(w.t() for w in up_rows)
-        down_t, down_n = down_rows, tuple(w.t() for w in down_rows)
-    else:
-        up_n, up_t = up_rows, tuple(w.t() for w in up_rows)
-        down_n, down_t = down_rows, tuple(w.t() for w in down_rows)
+    if transposed:  # stored [H, O] and [I, H]: the views are their transposes
+        up_rows = tuple(w.t() for w in up_rows)
+        down_rows = tuple(w.t() for w in down_rows)
     return ExpertViews(
         num_experts=N,
         hidden_size=H,
         intermediate_size=I,
         has_gate=has_gate,
         dtype=up.dtype,
-        up=up_n,
-        up_t=up_t,
-        down=down_n,
-        down_t=down_t,
+        up=up_rows,
+        down=down_rows,
         up_bias=None if up_bias is None else up_bias.unbind(0),
         down_bias=None if down_bias is None else down_bias.unbind(0),
         activation=_activation(experts, has_gate),
