@@ -31,6 +31,11 @@ from moespec.costmodel.score import Score, score
 from moespec.moe.traces import RoutingTrace
 
 KIND = "predict"
+# costmodel.predict needs δ = ε/(1−ε) < 1, i.e. ε < 1/2. A characterization with ε >= 1/2 (fits off
+# by half or more) still gives τ̂, Ŝ, the crossover and k̂*, which do not depend on ε; only the band
+# (18) and the bounds (20)–(21) do, and those are vacuous there. Such a prediction runs at this ε,
+# and the payload says so ("eps_characterized", "bounds_vacuous").
+EPS_VACUOUS = 0.49
 SCORE_KIND = "score"
 ENGINE_KERNELS = {"slot": SLOT, "dedup": DEDUP}  # costmodel name -> experts implementation name
 
@@ -185,9 +190,14 @@ def predict_from_artifacts(
         ops = _operation_inputs(char, trace, ns, measured=False)
     h = base["h"][: ns[-1]]
     return predict(
-        t_slot=ops[0], t_dedup=ops[1], tau1=base["tau1"], h=h, eps=float(char["eps"]["engine"]), version=version,
+        t_slot=ops[0], t_dedup=ops[1], tau1=base["tau1"], h=h, eps=min(engine_eps(char), EPS_VACUOUS), version=version,
         tau_slot_measured=base["tau"]["slot"] if version == "calibrated" else None, acceptance=acceptance,
     )
+
+
+def engine_eps(char: Mapping[str, Any]) -> float:
+    """The engine's ε of the characterization: the larger of its two kernels' (Sec. 4)."""
+    return float(char["eps"]["engine"])
 
 
 def predict_all(characterization, traces, measurement_base, *, acceptance: Sequence[float] = ACCEPTANCE_GRID,
@@ -213,7 +223,8 @@ def predict_all(characterization, traces, measurement_base, *, acceptance: Seque
         raise ValueError("the measurement has no verify times; run the base measurement first")
     return {"model": base.get("model"), "sources": dict(sources or {}), "h_source": base.get("h_source", ""),
             "characterized_layers": list(char["layers"]), "trace_layers": trace.num_layers,
-            "eps": char["eps"], "depths": depths}
+            "eps": char["eps"], "eps_characterized": engine_eps(char),
+            "bounds_vacuous": engine_eps(char) >= EPS_VACUOUS, "depths": depths}
 
 
 def _oracle_entry(measurement: Mapping[str, Any], kernel: str, depth: int) -> dict:
