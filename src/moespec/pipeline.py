@@ -44,7 +44,9 @@ class DemoConfig:
     layers: int | None = None  # a synthetic preset's depth (None: the preset's)
     trace_tokens: int = 4096
     characterize: dict = field(default_factory=lambda: dict(layers=(0,), reps=3, u_points=3, windows=4))
-    measure: dict = field(default_factory=lambda: dict(scaling_ns=tuple(range(1, 10))))
+    # 32 new tokens per oracle run: at 12 a k = 8 run has 2 steps and its throughput is mostly noise;
+    # 7 verify repetitions: with one prompt, 3 left single outliers of 2x in τ_p(n)
+    measure: dict = field(default_factory=lambda: dict(new_tokens=32, reps=7, scaling_ns=tuple(range(1, 10))))
     full: bool = False
     seed: int = 0
 

@@ -13,6 +13,7 @@ def test_demo_then_predict_score_report(tmp_path):
     result = CliRunner().invoke(app, ["demo", "--smoke", "--out-dir", str(run)])
     assert result.exit_code == 0, result.output
     assert "report:" in result.output and (run / "report.html").exists()
+    assert "[measure-sweep] done" in result.output  # step names survive rich's markup
 
     pred = tmp_path / "p.json"
     result = CliRunner().invoke(app, ["predict", "--characterization", str(run / "characterization.json"),

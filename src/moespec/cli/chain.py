@@ -105,6 +105,7 @@ def demo_command(
     out_dir: Path = typer.Option(Path("moespec-demo"), "--out-dir", help="run folder; finished steps are reused"),
     full: bool = typer.Option(False, "--full", help="the paper's protocol: 6 prompts, 256 tokens, d = 512 and 4096"),
     model: str = typer.Option("synthetic:olmoe-shaped", "--model", help="synthetic:NAME or a local checkpoint"),
+    layers: Optional[int] = typer.Option(None, "--layers", help="layers of a synthetic preset (default: the preset's)"),
     smoke: bool = typer.Option(False, "--smoke", help="plumbing check in seconds on olmoe-tiny (tiny settings)"),
 ) -> None:
     """The whole chain: trace → characterize → measure → predict → sweep → score → report."""
@@ -113,8 +114,13 @@ def demo_command(
     if smoke and full:
         raise typer.BadParameter("--smoke and --full exclude each other")
     console = Console()
-    config = DemoConfig.smoke() if smoke else None
-    result = run_demo(out_dir, full=full, model=model, config=config, progress=not smoke, echo=console.print)
+    if smoke:
+        config = DemoConfig.smoke()
+    else:
+        make = DemoConfig.full_protocol if full else DemoConfig.demo
+        config = make(model=model, layers=layers)
+    result = run_demo(out_dir, config=config, progress=not smoke,
+                      echo=lambda text: console.print(text, markup=False, highlight=False))
     for name in ("prediction.json", "score.json"):
         kind = "predict" if name == "prediction.json" else "score"
         payload = artifacts.load(result.out_dir / name, kind)["payload"]
