@@ -154,6 +154,9 @@ def run_demo(
              lambda: _characterize(net, config, paths[TRACES], paths[CHARACTERIZATION], progress))
         del net
         gc.collect()
+    else:
+        echo(f"[trace] reusing {paths[TRACES]}")
+        echo(f"[characterize] reusing {paths[CHARACTERIZATION]}")
 
     def measure_base() -> None:
         phase1 = _measure_phase(config, paths[MEASUREMENT], base=True, progress=progress)

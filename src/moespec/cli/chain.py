@@ -125,4 +125,3 @@ def demo_command(
         kind = "predict" if name == "prediction.json" else "score"
         payload = artifacts.load(result.out_dir / name, kind)["payload"]
         console.print(_prediction_table(payload) if kind == "predict" else _score_table(payload))
-    console.print(f"report: {result.report}")
