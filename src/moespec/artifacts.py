@@ -20,16 +20,16 @@ from typing import Any, Iterator
 SCHEMA_VERSION = 1
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON-safe copy: numpy scalars and arrays to Python, non-finite floats to None."""
     if hasattr(value, "to_dict") and callable(value.to_dict):
-        return _clean(value.to_dict())
+        return json_safe(value.to_dict())
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     if hasattr(value, "tolist"):
-        return _clean(value.tolist())
+        return json_safe(value.tolist())
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, Path):
@@ -44,7 +44,7 @@ def dump_json(path: str | Path, obj: Any) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(_clean(obj), f, indent=1, allow_nan=False)
+            json.dump(json_safe(obj), f, indent=1, allow_nan=False)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:
@@ -112,7 +112,7 @@ class PointLog:
 
     @staticmethod
     def _key(key: Any) -> str:
-        return key if isinstance(key, str) else json.dumps(_clean(key), sort_keys=True)
+        return key if isinstance(key, str) else json.dumps(json_safe(key), sort_keys=True)
 
     def has(self, key: Any) -> bool:
         return self._key(key) in self._points
@@ -123,10 +123,10 @@ class PointLog:
     def append(self, key: Any, value: Any) -> None:
         k = self._key(key)
         with open(self.path, "a") as f:
-            f.write(json.dumps({"key": k, "value": _clean(value)}, allow_nan=False) + "\n")
+            f.write(json.dumps({"key": k, "value": json_safe(value)}, allow_nan=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        self._points[k] = _clean(value)
+        self._points[k] = json_safe(value)
 
     def __len__(self) -> int:
         return len(self._points)

@@ -6,6 +6,7 @@ and "recovers the truth" is tested with ==.
 """
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -170,8 +171,8 @@ def test_prediction_round_trips_through_json():
 @pytest.mark.parametrize(
     "change, match",
     [
-        (dict(eps=1.0), "eps"),
-        (dict(delta=1.5), "delta"),
+        (dict(eps=-0.1), "eps"),
+        (dict(delta=-1.0), "delta"),
         (dict(version="guess"), "version"),
         (dict(version="calibrated"), "tau_slot_measured"),
         (dict(h=[0.0] * 10), "h="),
@@ -187,3 +188,20 @@ def test_bad_inputs_raise_with_the_offending_value(change, match):
     kw = dict(t_slot=t_slot, t_dedup=t_dedup, tau1=0.2, h=h, eps=0.05) | change
     with pytest.raises(ValueError, match=match):
         predict(**kw)
+
+
+@pytest.mark.parametrize("eps", [0.6, 1.0, 3.0])
+def test_large_eps_leaves_the_prediction_and_makes_the_bounds_vacuous(eps):
+    """ε >= 1/2 gives δ >= 1: (20)-(21) bound nothing, and at ε >= 1 neither does (18); τ̂, Ŝ,
+    the crossover and k̂* do not depend on ε."""
+    t_slot, t_dedup, h = inputs()
+    small = predict(t_slot=t_slot, t_dedup=t_dedup, tau1=0.2, h=h, eps=0.05)
+    large = predict(t_slot=t_slot, t_dedup=t_dedup, tau1=0.2, h=h, eps=eps)
+    assert large.bounds_vacuous and not small.bounds_vacuous
+    assert (large.tau, large.S, large.crossover, large.k_star) == (small.tau, small.S, small.crossover, small.k_star)
+    assert large.loss_bound == 1.0 and not any(large.k_star_certain["dedup"])
+    assert all(hi == math.inf for hi in large.speedup_hi["dedup"])
+    assert all((lo == -math.inf) == (eps >= 1) for lo in large.S_lo)
+    from moespec.artifacts import json_safe
+
+    assert Prediction.from_dict(json.loads(json.dumps(json_safe(large.to_dict())))) == large  # infinities survive JSON

@@ -31,11 +31,10 @@ from moespec.costmodel.score import Score, score
 from moespec.moe.traces import RoutingTrace
 
 KIND = "predict"
-# costmodel.predict needs δ = ε/(1−ε) < 1, i.e. ε < 1/2. A characterization with ε >= 1/2 (fits off
-# by half or more) still gives τ̂, Ŝ, the crossover and k̂*, which do not depend on ε; only the band
-# (18) and the bounds (20)–(21) do, and those are vacuous there. Such a prediction runs at this ε,
-# and the payload says so ("eps_characterized", "bounds_vacuous").
-EPS_VACUOUS = 0.49
+# A characterization with ε >= 1/2 (fits off by half or more) still gives τ̂, Ŝ, the crossover and
+# k̂*, which do not depend on ε; the bounds (20)-(21) are then vacuous (δ >= 1), and at ε >= 1 so is
+# the band (18). The payload says so ("bounds_vacuous").
+EPS_VACUOUS = 0.5
 SCORE_KIND = "score"
 ENGINE_KERNELS = {"slot": SLOT, "dedup": DEDUP}  # costmodel name -> experts implementation name
 
@@ -190,7 +189,7 @@ def predict_from_artifacts(
         ops = _operation_inputs(char, trace, ns, measured=False)
     h = base["h"][: ns[-1]]
     return predict(
-        t_slot=ops[0], t_dedup=ops[1], tau1=base["tau1"], h=h, eps=min(engine_eps(char), EPS_VACUOUS), version=version,
+        t_slot=ops[0], t_dedup=ops[1], tau1=base["tau1"], h=h, eps=engine_eps(char), version=version,
         tau_slot_measured=base["tau"]["slot"] if version == "calibrated" else None, acceptance=acceptance,
     )
 

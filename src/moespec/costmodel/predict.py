@@ -24,15 +24,13 @@ import numpy as np
 
 from moespec.costmodel.bounds import (
     best_draft_length_separated,
-    check_delta,
-    check_eps,
     delta_from_eps,
     faster_kernel_certain,
     saving_bound,
     speedup_interval,
 )
 from moespec.costmodel.steptime import step_times
-from moespec.costmodel.theory import best_draft_length, first_draft_threshold, speedup, step_points
+from moespec.costmodel.theory import best_draft_length, check_positive, first_draft_threshold, speedup, step_points
 
 # The paper's grid (Sec. 4, App. D.2): 11 acceptance values from 0.2 to 0.98.
 ACCEPTANCE_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
@@ -123,6 +121,8 @@ def crossover(n: Sequence[int], S: Sequence[float]) -> int | None:
 
 def saving_band(S: float, M_slot: float, M_dedup: float, eps: float) -> tuple[float, float]:
     """The band of (18) around a predicted saving: Ŝ ± ε/(1−ε) (M̂ᵉ_slot + M̂ᵉ_dedup), seconds."""
+    if eps >= 1:  # a bandwidth error of 100% or more bounds nothing
+        return -math.inf, math.inf
     half = float(saving_bound(eps, M_slot, M_dedup))
     return S - half, S + half
 
@@ -164,8 +164,13 @@ class Prediction:
 
     @property
     def loss_bound(self) -> float:
-        """(20): at most 2δ/(1+δ) of the best throughput is lost by drafting k̂*."""
-        return 2 * self.delta / (1 + self.delta)
+        """(20): at most 2δ/(1+δ) of the best throughput is lost by drafting k̂*; 1 (vacuous) at δ >= 1."""
+        return min(1.0, 2 * self.delta / (1 + self.delta))
+
+    @property
+    def bounds_vacuous(self) -> bool:
+        """δ >= 1 (ε >= 1/2): the bounds (20)-(21) hold nothing; τ̂, Ŝ, the crossover and k̂* still stand."""
+        return self.delta >= 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -175,6 +180,12 @@ class Prediction:
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown Prediction keys {sorted(unknown)}; was it written by another moespec version?")
+        d = dict(d)
+        # JSON stores the vacuous bounds' infinities as null: restore them
+        d["delta"] = math.inf if d["delta"] is None else d["delta"]
+        d["S_lo"] = [-math.inf if x is None else x for x in d["S_lo"]]
+        d["S_hi"] = [math.inf if x is None else x for x in d["S_hi"]]
+        d["speedup_hi"] = {p: [math.inf if x is None else x for x in v] for p, v in d["speedup_hi"].items()}
         return cls(**{k: d[k] for k in cls.__dataclass_fields__})
 
 
@@ -185,6 +196,13 @@ def _staircase(V: list[float], acceptance: Sequence[float], delta: float) -> dic
     for a in acceptance:
         k = best_draft_length(V, a)
         s = float(speedup(V, a, k))
+        if delta >= 1:  # a step-time error of 100% or more: (20)-(21) say nothing
+            out["k_star"].append(int(k))
+            out["speedup"].append(s)
+            out["lo"].append(0.0)
+            out["hi"].append(math.inf)
+            out["certain"].append(False)
+            continue
         lo, hi = speedup_interval(s, delta)
         out["k_star"].append(int(k))
         out["speedup"].append(s)
@@ -225,8 +243,12 @@ def predict(
         given = "given" if tau_slot_measured is not None else None
         raise ValueError("tau_slot_measured is required by the calibrated version and used by no other; "
                          f"got version={version!r} with tau_slot_measured={given}")
-    eps = float(check_eps(eps))
-    delta = float(check_delta(delta_from_eps(eps) if delta is None else delta))
+    eps = float(check_positive("eps", eps, allow_zero=True))  # eps >= 1 is allowed: its bounds are vacuous
+    if delta is None:
+        delta = math.inf if eps >= 1 else float(delta_from_eps(eps))
+    elif not delta >= 0:
+        raise ValueError(f"delta = {delta} must be >= 0 (δ >= 1 is allowed: the bounds (20)-(21) are then vacuous)")
+    delta = float(delta)
     tau1 = float(tau1)
     if not (math.isfinite(tau1) and tau1 > 0):
         raise ValueError(f"tau1={tau1} must be a positive time in seconds")
@@ -252,7 +274,7 @@ def predict(
         version=version, n=ns, tau1=tau1, tau=tau, M=M, S=S,
         S_lo=[lo for lo, _ in band], S_hi=[hi for _, hi in band],
         # (19) with equal fixed work: ū/r = M̂ᵉ_dedup / M̂ᵉ_slot
-        sign_certain=[n >= 2 and faster_kernel_certain(M["dedup"][i] / M["slot"][i], 1.0, eps)
+        sign_certain=[n >= 2 and eps < 1 and faster_kernel_certain(M["dedup"][i] / M["slot"][i], 1.0, eps)
                       for i, n in enumerate(ns)],
         eps=eps, crossover=crossover(ns, S), h=h, V=V, acceptance=[float(a) for a in acceptance],
         k_star={p: stairs[p]["k_star"] for p in KERNELS},

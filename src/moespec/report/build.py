@@ -73,8 +73,8 @@ def summary_text(run: dict[str, Any]) -> str:
     scores = {e["depth"]: e for e in run.get("score", {}).get("depths", [])}
     pred = run.get("prediction", {})
     if pred.get("bounds_vacuous"):
-        lines.append(f"characterized ε = {pred['eps_characterized']:.3f} >= 1/2: the band (18) and the bounds "
-                     "(20)-(21) say nothing here; they are drawn at ε = 0.49 only to show where they would lie")
+        lines.append(f"characterized ε = {pred['eps_characterized']:.3f} >= 1/2: the bounds (20)-(21) say nothing "
+                     "here (δ >= 1), nor, at ε >= 1, the band (18); τ̂, Ŝ, the crossover and k̂* still stand")
     for entry in run.get("prediction", {}).get("depths", []):
         d = entry["depth"]
         lines.append(f"depth d = {d}")

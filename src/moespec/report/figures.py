@@ -70,7 +70,7 @@ def plot_saving(versions: Mapping[str, Mapping[str, Any]], verify: Mapping[str, 
         n = [x for x in p["n"] if x >= 2]
         i = [p["n"].index(x) for x in n]
         ax.plot(n, [1e3 * p["S"][j] for j in i], color=color, ls=ls, label=version)
-        if not band_drawn:
+        if not band_drawn and p["eps"] < 1:  # at ε >= 1 the band is unbounded (stored as null)
             ax.fill_between(n, [1e3 * p["S_lo"][j] for j in i], [1e3 * p["S_hi"][j] for j in i], color=color,
                             alpha=0.15, lw=0, label=f"band (18), ε = {p['eps']:.3f}")
             band_drawn = True
