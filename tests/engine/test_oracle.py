@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from moespec.engine.decode import generate
+from moespec.engine.cached import CachedModel
 from moespec.engine.proposers import OracleDraft
+from moespec.models import synthetic
 
 V = 48
 
@@ -51,3 +53,24 @@ def test_reanchors_when_committed_text_leaves_the_reference(table_lm):
 def test_bad_acceptance():
     with pytest.raises(ValueError, match="acceptance"):
         OracleDraft(1.5)
+
+
+def test_shared_reference_gives_the_same_run_without_decoding_it_again():
+    """A reference passed in replaces begin's greedy decoding: same tokens, same acceptance, and the
+    target runs fewer forward passes; a reference for another prompt is ignored."""
+    model, _ = synthetic.build("olmoe-tiny", seed=0)
+    target = CachedModel(model)
+    prompt = [1, 5, 9, 14, 20]
+    first = OracleDraft(0.7, seed=3)
+    a = generate(target, prompt, draft=first, k=3, max_new_tokens=40)
+    calls = []
+    target.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    shared = OracleDraft(0.7, seed=3, reference=first.reference)
+    b = generate(target, prompt, draft=shared, k=3, max_new_tokens=40)
+    shared_calls = len(calls)
+    calls.clear()
+    other = OracleDraft(0.7, seed=3, reference=first.reference.flip(0))  # not this prompt's: decoded anew
+    c = generate(target, prompt, draft=other, k=3, max_new_tokens=40)
+    assert a.tokens == b.tokens == c.tokens
+    assert a.stats.acceptance_by_position == b.stats.acceptance_by_position
+    assert shared_calls + 40 - 1 <= len(calls)  # begin's 40-token greedy decode was skipped

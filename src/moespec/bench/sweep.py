@@ -281,6 +281,7 @@ def run_oracle(
     """
     ks = sorted(set(int(k) for k in ks))
     runs: dict[tuple, list[dict]] = {}
+    references: dict[tuple[int, int], torch.Tensor] = {}  # (depth, prompt) -> greedy reference, shared by every oracle
     for depth in depths:
         cache = _Prompts(model, tokenizer, depth, prompts)
         for i in range(prompts):
@@ -294,10 +295,13 @@ def run_oracle(
                             def run(i=i, k=k, a=a, rep=rep, kernel=kernel):
                                 target = cache.target(i)
                                 _switch(model, kernel)
-                                oracle = OracleDraft(a, seed=seed + 7919 * i + 104729 * rep) if k else None
+                                oracle = (OracleDraft(a, seed=seed + 7919 * i + 104729 * rep,
+                                                      reference=references.get((depth, i))) if k else None)
                                 result = generate(target, cache.ids[i], draft=oracle, k=k, temperature=0.0,
                                                   max_new_tokens=new_tokens, seed=seed + i,
                                                   vocab_limit=_vocab_limit(tokenizer))
+                                if oracle is not None:
+                                    references.setdefault((depth, i), oracle.reference)
                                 return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0})
 
                             runs.setdefault((kernel, depth, k, a), []).append(_logged(log, key, run, on_point))

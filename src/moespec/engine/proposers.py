@@ -101,13 +101,18 @@ class OracleDraft:
     makes the committed text leave the reference; the oracle then re-anchors, decoding a fresh
     reference from the committed text on the target's cache, inside the clock, counted in
     `reanchors`. Only greedy decoding is supported (temperature 0).
+
+    `reference` ([>= P + max_new_tokens] int64: the prompt, then the target's greedy tokens) skips
+    the decoding in `begin` where a sweep already has it: it depends only on the model and prompt,
+    not on k or a. After `begin`, `.reference` holds the one in use, to pass to the next oracle.
     """
 
-    def __init__(self, acceptance: float, seed: int = 0):
+    def __init__(self, acceptance: float, seed: int = 0, reference: torch.Tensor | None = None):
         if not 0.0 <= acceptance <= 1.0:
             raise ValueError(f"OracleDraft acceptance must be in [0, 1], got {acceptance}")
         self.a = float(acceptance)
         self.seed = seed
+        self._given = reference
         self.reanchors = 0
         self._target: CachedModel | None = None
         self._ref: torch.Tensor = torch.zeros(0, dtype=torch.long)  # [P + max_new_tokens] prompt + greedy tokens
@@ -123,7 +128,16 @@ class OracleDraft:
         self._gen = torch.Generator(device="cpu").manual_seed(self.seed)
         self._end = prompt.shape[0] + max_new_tokens
         self.reanchors = 0
-        self._ref = self._greedy_from(prompt)
+        ref, P = self._given, prompt.shape[0]
+        if ref is not None and ref.shape[0] >= self._end and torch.equal(ref[:P], prompt):
+            self._ref = ref[: self._end]
+        else:
+            self._ref = self._greedy_from(prompt)
+
+    @property
+    def reference(self) -> torch.Tensor:
+        """[P + max_new_tokens] the prompt and the target's greedy continuation, as of `begin`."""
+        return self._ref
 
     def _greedy_from(self, context: torch.Tensor) -> torch.Tensor:
         """context [L] followed by target greedy tokens up to length self._end, via the target's cache."""
