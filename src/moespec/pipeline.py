@@ -14,7 +14,6 @@ the k = 0 runs of the base phase are read back, not measured again, by the sweep
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -90,7 +89,7 @@ class DemoResult:
         return self.out_dir / REPORT
 
 
-def _measure_phase(cfg: DemoConfig, out: Path, *, base: bool, progress: bool) -> dict[str, Any]:
+def _measure_phase(cfg: DemoConfig, out: Path, *, base: bool, progress: bool, loaded) -> dict[str, Any]:
     """One phase of `bench.measure.measure`; the base phase runs no scored cell (no scaling curve,
     the oracle at H_PROBE_ACCEPTANCE only)."""
     from moespec.bench.measure import measure
@@ -98,7 +97,7 @@ def _measure_phase(cfg: DemoConfig, out: Path, *, base: bool, progress: bool) ->
     knobs = dict(cfg.measure)
     if base:
         knobs.update(acceptances=(H_PROBE_ACCEPTANCE,), scaling_ns=(), oracle_kernels=(DEDUP,))
-    return measure(cfg.model, full=cfg.full, out=out, layers=cfg.layers, progress=progress, **knobs)
+    return measure(cfg.model, full=cfg.full, out=out, layers=cfg.layers, progress=progress, loaded=loaded(), **knobs)
 
 
 def base_payload(phase1: dict[str, Any]) -> dict[str, Any]:
@@ -122,8 +121,7 @@ def run_demo(
     """Run (or resume) the chain into `out_dir` and return where everything lies.
 
     config: every step's knobs (default `DemoConfig.demo(model=model)`, or the paper's protocol with
-    `full=True`). The model is built once for trace and characterize; each measurement phase builds
-    its own (`bench.measure.measure` takes a spec), after the first is freed.
+    `full=True`). The model is built once, on the first step that runs, and shared by the rest.
     """
     from moespec.report.build import build_report
 
@@ -145,21 +143,22 @@ def run_demo(
         ran.append(name)
         echo(f"[{name}] done in {seconds[name]:.0f} s -> {path}")
 
-    if not (paths[TRACES].exists() and paths[CHARACTERIZATION].exists()):
-        from moespec.models.load import load
+    held: list = []
 
-        net, tok = load(config.model, seed=config.seed, layers=config.layers)
-        step("trace", paths[TRACES], lambda: _trace(net, tok, config, paths[TRACES]))
-        step("characterize", paths[CHARACTERIZATION],
-             lambda: _characterize(net, config, paths[TRACES], paths[CHARACTERIZATION], progress))
-        del net
-        gc.collect()
-    else:
-        echo(f"[trace] reusing {paths[TRACES]}")
-        echo(f"[characterize] reusing {paths[CHARACTERIZATION]}")
+    def loaded():
+        """The model and tokenizer, built on first use only and then shared by every step."""
+        if not held:
+            from moespec.models.load import load
+
+            held.extend(load(config.model, seed=config.seed, layers=config.layers))
+        return held[0], held[1]
+
+    step("trace", paths[TRACES], lambda: _trace(*loaded(), config, paths[TRACES]))
+    step("characterize", paths[CHARACTERIZATION],
+         lambda: _characterize(loaded()[0], config, paths[TRACES], paths[CHARACTERIZATION], progress))
 
     def measure_base() -> None:
-        phase1 = _measure_phase(config, paths[MEASUREMENT], base=True, progress=progress)
+        phase1 = _measure_phase(config, paths[MEASUREMENT], base=True, progress=progress, loaded=loaded)
         artifacts.write(paths[MEASUREMENT_BASE], "measure", base_payload(phase1))
         paths[MEASUREMENT].unlink()  # the phase-1 artifact; its point log stays for the sweep phase
 
@@ -169,7 +168,7 @@ def run_demo(
     step("predict", paths[PREDICTION], lambda: artifacts.write(paths[PREDICTION], PREDICT_KIND, predict_all(
         paths[CHARACTERIZATION], paths[TRACES], paths[MEASUREMENT_BASE], sources=sources)))
     step("measure-sweep", paths[MEASUREMENT],
-         lambda: _measure_phase(config, paths[MEASUREMENT], base=False, progress=progress))
+         lambda: _measure_phase(config, paths[MEASUREMENT], base=False, progress=progress, loaded=loaded))
     step("score", paths[SCORE], lambda: artifacts.write(paths[SCORE], SCORE_KIND, score_all(
         artifacts.load(paths[PREDICTION], PREDICT_KIND), paths[MEASUREMENT])))
     t0 = time.perf_counter()

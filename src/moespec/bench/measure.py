@@ -115,9 +115,13 @@ def measure(
     layers: int | None = None,
     progress: bool = True,
     on_point: Callable[[dict, bool], None] | None = None,
+    loaded: tuple[Any, Any] | None = None,
     **knobs,
 ) -> dict[str, Any]:
     """Measure `model_spec` and write the "measure" artifact to `out`; returns its payload.
+
+    loaded: (model, tokenizer) already built from `model_spec` (saves building it again; the
+    artifact still names `model_spec`).
 
     knobs: any `MeasureConfig` field (depths, ns, kernels, prompts, reps, ks, acceptances,
     new_tokens, ...) overriding the preset (`full` picks the paper's). `on_point(key, resumed)` runs
@@ -131,7 +135,7 @@ def measure(
         raise TypeError(f"unknown measure knobs {sorted(unknown)}; known: {sorted(MeasureConfig.__dataclass_fields__)}")
     cfg = MeasureConfig.full(**knobs) if full else MeasureConfig.demo(**knobs)
     registry.register()
-    model, tokenizer = load(model_spec, seed=cfg.seed, layers=layers)
+    model, tokenizer = loaded if loaded is not None else load(model_spec, seed=cfg.seed, layers=layers)
     draft, draft_name = _draft(draft_spec, prompt_lookup, cfg.seed)
     out = Path(out)
     log = artifacts.PointLog(out.with_name(out.stem + ".points.jsonl"))
