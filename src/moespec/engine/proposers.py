@@ -92,7 +92,7 @@ class OracleDraft:
 
     Following the cost-model paper (Sec. 4, App. D.2), each draft is the target's batch-one greedy
     token, replaced by another real-vocabulary id where a seeded draw marks it wrong (probability
-    1 - a, independently per draft). Under greedy verification draft i is then accepted iff drafts
+    1 - a, independently per position of the text). Under greedy verification draft i is then accepted iff drafts
     1..i are unmarked, so acceptance is geometric at rate a, and proposing costs next to nothing.
 
     The greedy tokens come from a reference continuation: in `begin`, before the clock starts, the
@@ -125,8 +125,14 @@ class OracleDraft:
                 f"(got {sampler.config.temperature})"
             )
         self._target, self._sampler = target, sampler
-        self._gen = torch.Generator(device="cpu").manual_seed(self.seed)
         self._end = prompt.shape[0] + max_new_tokens
+        # One draw per position of the text, not per proposal: each position is examined at most once
+        # (greedy verification stops at the first wrong draft, and the next round starts after it), so
+        # flags stay independent with probability 1 - a; and runs with the same seed share them at
+        # every k and a (common random numbers), so a sweep compares k on the same luck.
+        gen = torch.Generator(device="cpu").manual_seed(self.seed)
+        self._u = torch.rand(self._end + 1, generator=gen)  # [P + max_new_tokens + 1]
+        self._shift = torch.randint(1, max(sampler.vocab_limit, 2), (self._end + 1,), generator=gen)
         self.reanchors = 0
         ref, P = self._given, prompt.shape[0]
         if ref is not None and ref.shape[0] >= self._end and torch.equal(ref[:P], prompt):
@@ -162,10 +168,9 @@ class OracleDraft:
             self._ref = self._greedy_from(context)
         g = self._ref[L: L + k]  # [k'] the target's greedy tokens
         m = g.shape[0]
-        wrong = torch.rand(m, generator=self._gen) >= self.a  # [k'] marked with probability 1 - a
-        limit = self._sampler.vocab_limit
-        shift = torch.randint(1, max(limit, 2), (m,), generator=self._gen)  # any other real id
-        return torch.where(wrong, (g + shift) % limit, g), None
+        wrong = self._u[L: L + m] >= self.a  # [k'] marked with probability 1 - a
+        shift = self._shift[L: L + m]  # [k'] to any other real id
+        return torch.where(wrong, (g + shift) % self._sampler.vocab_limit, g), None
 
     def commit(self, keep: int) -> None:
         pass
