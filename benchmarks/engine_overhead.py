@@ -1,7 +1,7 @@
 """Engine overhead on olmoe-shaped: moespec's own cost, and moespec against transformers' generate.
 
 Three figures, side by side in one run (issue 2), each the median over --reps repetitions after one
-warm-up:
+warm-up; every repetition runs all five decodings in a rotating order:
 
 1. share of wall time outside the target's and the draft's forward passes, oracle draft a = 0.8,
    k = 4, greedy (goal < 2%);
@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec import artifacts
-from moespec.bench.timing import measure
+from moespec.bench.timing import Timing, measure
 from moespec.engine.decode import generate
 from moespec.engine.proposers import OracleDraft
 from moespec.models import synthetic
@@ -39,6 +39,19 @@ def _hf_generate(model, ids: torch.Tensor, n: int, assistant=None) -> list[int]:
         suppress_tokens=list(range(REAL, synthetic.VOCAB)), assistant_model=assistant,
     )
     return out[0, ids.shape[1]:].tolist()
+
+
+def side_by_side(runs: dict, reps: int) -> tuple[dict[str, Timing], dict[str, list]]:
+    """Time every run once per repetition, in an order that rotates by one each repetition, so that
+    drift and neighbours' load fall on all alike; one untimed warm-up of each first."""
+    for fn in runs.values():
+        fn()
+    names, samples, results = list(runs), {name: [] for name in runs}, {name: [] for name in runs}
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[: rep % len(names)]:
+            t = measure(lambda: results[name].append(runs[name]()), reps=1, warmup=0, device="cpu")
+            samples[name].extend(t.samples)
+    return {name: Timing(tuple(s)) for name, s in samples.items()}, results
 
 
 def main() -> None:
@@ -59,17 +72,17 @@ def main() -> None:
     ids = torch.tensor([tok.encode(PROMPT, add_bos=True)])
     n, k, reps = args.tokens, args.k, args.reps
 
-    def timed(fn):
-        results = []
-        t = measure(lambda: results.append(fn()), reps=reps, warmup=1, device="cpu")
-        return t, results[1:]  # drop the warm-up's result
-
-    oracle_t, oracle_runs = timed(lambda: generate(target, ids, draft=OracleDraft(args.acceptance, seed=0), k=k,
-                                                   max_new_tokens=n, vocab_limit=REAL))
-    plain_t, plain_runs = timed(lambda: generate(target, ids, k=0, max_new_tokens=n, vocab_limit=REAL))
-    hf_t, hf_runs = timed(lambda: _hf_generate(target, ids, n))
-    spec_t, spec_runs = timed(lambda: generate(target, ids, draft=draft, k=k, max_new_tokens=n, vocab_limit=REAL))
-    hfa_t, hfa_runs = timed(lambda: _hf_generate(target, ids, n, assistant=draft))
+    runs = {
+        "oracle": lambda: generate(target, ids, draft=OracleDraft(args.acceptance, seed=0), k=k, max_new_tokens=n,
+                                   vocab_limit=REAL),
+        "plain": lambda: generate(target, ids, k=0, max_new_tokens=n, vocab_limit=REAL),
+        "hf": lambda: _hf_generate(target, ids, n),
+        "spec": lambda: generate(target, ids, draft=draft, k=k, max_new_tokens=n, vocab_limit=REAL),
+        "hfa": lambda: _hf_generate(target, ids, n, assistant=draft),
+    }
+    times, results = side_by_side(runs, reps)
+    oracle_t, plain_t, hf_t, spec_t, hfa_t = (times[name] for name in runs)
+    oracle_runs, plain_runs, hf_runs, spec_runs, hfa_runs = (results[name] for name in runs)
 
     share = statistics.median(r.stats.overhead_share for r in oracle_runs)
     rows = {

@@ -43,9 +43,9 @@ class DemoConfig:
     layers: int | None = None  # a synthetic preset's depth (None: the preset's)
     trace_tokens: int = 4096
     characterize: dict = field(default_factory=lambda: dict(layers=(0,), reps=3, u_points=3, windows=4))
-    # 32 new tokens per oracle run: at 12 a k = 8 run has 2 steps and its throughput is mostly noise;
-    # 7 verify repetitions: with one prompt, 3 left single outliers of 2x in τ_p(n)
-    measure: dict = field(default_factory=lambda: dict(new_tokens=32, reps=7, scaling_ns=tuple(range(1, 10))))
+    # 2 prompts x 64 new tokens per oracle run and 5 verify repetitions: about 10 minutes in all on 2
+    # quiet cores; at 12 tokens a k = 8 run has 2 steps, and one prompt leaves τ_dedup(n) at one routing
+    measure: dict = field(default_factory=lambda: dict(new_tokens=64, prompts=2, reps=5, scaling_ns=tuple(range(1, 10))))
     full: bool = False
     seed: int = 0
 

@@ -89,9 +89,9 @@ def _group_products(
 ) -> torch.Tensor:  # [S, R]
     """Y[lo:hi] = rows[lo:hi] @ mats[e].T (+ biases[e]): one product per distinct expert.
 
-    Computed as (W X^T)^T with the expert W [R, C] on the left: on CPU BLAS this streams the weight
-    in its stored row order and ran 1.0-2.2x faster at 2 threads than X W^T (1 thread: equal; the
-    A/B is in BENCHMARKS.md). A group of one token is a matrix-vector product.
+    Computed as (W X^T)^T with the expert W [R, C] on the left: with torch's default 2 threads here
+    this ran 1.3-2.2x faster than X W^T for 2-9 tokens per expert (1 thread: 0.7-1.3x; the A/B,
+    benchmarks/dedup_orientation.py, is in BENCHMARKS.md). A group of one token is a mat-vec product.
     """
     if out is None:
         parts = [torch.mm(mats[e], rows[lo:hi].t()).t() for e, lo, hi in groups]
@@ -145,7 +145,13 @@ def dedup(
     top_k_index: torch.Tensor,  # [T, m]
     top_k_weights: torch.Tensor,  # [T, m]
 ) -> torch.Tensor:  # [T, H]
-    """One matrix product per distinct expert over its tokens: requests the union bytes Ub (Section 1)."""
+    """One matrix product per distinct expert over its tokens: requests the union bytes Ub (Section 1).
+
+    A one-token pass has nothing to deduplicate (its m experts are distinct, U = m), so it runs the
+    per-slot kernel, as the paper's engines do at n = 1 with deduplication on (Table 6).
+    """
+    if hidden_states.shape[0] == 1:
+        return per_slot(experts, hidden_states, top_k_index, top_k_weights)
     views = expert_views(experts)
     _check(hidden_states, top_k_index, top_k_weights, views)
     grad = _needs_grad(views, hidden_states)

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from moespec.bench.expert_op import REQUESTED_BYTES  # noqa: E402
+from moespec.bench.expert_op import REQUESTED_BYTES
+from moespec.report.plotting import plt, save
 
 
 def plot_bandwidth(payload: dict, path: str | Path) -> Path:
@@ -43,9 +39,4 @@ def plot_bandwidth(payload: dict, path: str | Path) -> Path:
     ax.set_title(str(payload.get("model", "")), fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, frameon=False)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save(fig, path)

@@ -10,12 +10,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from moespec.moe.reuse import ReuseAnalysis, uniform_reuse  # noqa: E402
+from moespec.moe.reuse import ReuseAnalysis, uniform_reuse
+from moespec.report.plotting import plt, save
 
 
 def plot_reuse(analyses: Sequence[tuple[str, ReuseAnalysis]], path: str | Path) -> Path:
@@ -38,9 +34,4 @@ def plot_reuse(analyses: Sequence[tuple[str, ReuseAnalysis]], path: str | Path) 
     ax.set_xticks(range(1, max(max(a.n) for _, a in analyses) + 1))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, frameon=False)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save(fig, path)

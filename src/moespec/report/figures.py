@@ -15,24 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from moespec.bench.verify import DEDUP, SLOT  # noqa: E402
-from moespec.costmodel.bounds import speedup_bounds  # noqa: E402
+from moespec.bench.verify import DEDUP, SLOT
+from moespec.costmodel.bounds import speedup_bounds
+from moespec.report.plotting import plt
+from moespec.report.plotting import save as _save
 
 VERSION_STYLE = {"prediction": ("C0", "-"), "measured-time": ("C1", "--"), "calibrated": ("C2", ":")}
-
-
-def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
 
 
 def plot_bytes(analysis, path: str | Path) -> Path:
