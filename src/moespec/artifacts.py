@@ -46,6 +46,9 @@ def dump_json(path: str | Path, obj: Any) -> Path:
         with os.fdopen(fd, "w") as f:
             json.dump(json_safe(obj), f, indent=1, allow_nan=False)
             f.write("\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it owner-only; an artifact is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -131,8 +131,9 @@ def generate(
     synchronize(device)
     t_start = time.perf_counter()
     ttft = 0.0
-    if P > 1 and max_new_tokens > 0:
-        tgt.extend(prompt[:-1])
+    pending = None  # [1, V] logits at position L whose input is already cached: only after the prefill
+    if max_new_tokens > 0:
+        pending = tgt.extend(prompt)[-1:]  # the whole prompt in one pass
         verify_s += time.perf_counter() - t_start
     while L - P < max_new_tokens:
         kk = min(k, max_new_tokens - (L - P) - 1)  # a round emits up to kk+1 tokens: never past the budget
@@ -140,7 +141,11 @@ def generate(
         x, q = proposer.propose(seq[:L], kk) if proposer is not None and kk > 0 else (empty, None)
         t1 = time.perf_counter()
         n = x.shape[0]
-        logits = tgt.extend(torch.cat((seq[L - 1: L], x)) if n else seq[L - 1: L])  # [n+1, V]
+        if pending is not None:  # row 0 came with the prefill; only the drafts need the target
+            logits = torch.cat((pending, tgt.extend(x))) if n else pending  # [n+1, V]
+            pending = None
+        else:  # the last committed token was emitted, not yet fed: feed it with the drafts
+            logits = tgt.extend(torch.cat((seq[L - 1: L], x)) if n else seq[L - 1: L])  # [n+1, V]
         t2 = time.perf_counter()
         a, nxt = sampler.verify(sampler.prepare(logits), x, q)
         t3 = time.perf_counter()
