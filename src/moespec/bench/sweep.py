@@ -40,8 +40,9 @@ class PrefilledTarget:
     """A target whose cache holds one prompt's prefill, reused by every `generate` call on it.
 
     It presents the `CachedModel` interface (`extend`, `truncate`, `reset`, `length`, `width`,
-    `device`, `forward_s`). Positions inside the prompt are served from the logits kept at prefill
-    (rows [P, V]); positions past it run the model on the real cache, which always holds the prompt.
+    `vocab_limit`, `device`, `forward_s`). Positions inside the prompt are served from the logits
+    kept at prefill (rows [P, V]); positions past it run the model on the real cache, which always
+    holds the prompt.
     Extending a prompt position with any other token than the prompt's raises ValueError.
     """
 
@@ -66,6 +67,10 @@ class PrefilledTarget:
     @property
     def width(self) -> int:
         return self.inner.width
+
+    @property
+    def vocab_limit(self) -> int | None:
+        return self.inner.vocab_limit
 
     def reset(self) -> None:
         self._length = 0

@@ -112,7 +112,7 @@ def generate(
         width = min(width, proposer.width)
     if vocab_limit is None:
         models = (tgt, getattr(proposer, "cached", None))
-        declared = [v for v in (getattr(m, "vocab_limit", None) for m in models) if v]
+        declared = [m.vocab_limit for m in models if m is not None and m.vocab_limit]
         vocab_limit = min(declared) if declared else None
     sampler = Sampler(config, width=width, vocab_limit=vocab_limit, seed=seed)
     if proposer is not None:
