@@ -1,5 +1,6 @@
 """The one-layer expert-operation benchmark on tiny models: ids, kernels, resumption, layer loading."""
 
+import json
 import numpy as np
 import pytest
 import torch
@@ -94,11 +95,48 @@ def test_run_keeps_raw_timings_and_resumes_from_the_log(tmp_path):
     log = PointLog(tmp_path / "p.jsonl")
     calls = []
     records = run(experts, passes, ["slot", "dedup"], layer=0, reps=3, log=log, on_point=calls.append)
-    assert len(records) == 2 * len(passes) == len(log) == len(calls)
+    assert len(records) == 2 * len(passes) and len(log) == len(calls) == 3 * len(records)  # one entry per sample
     assert all(len(r["timing"]["samples"]) == 3 for r in records)
     assert {r["bytes"] for r in records if r["kernel"] == "slot"} == {2 * M * records[0]["b"]}
-    again = run(experts, passes, ["slot", "dedup"], layer=0, reps=5, log=PointLog(tmp_path / "p.jsonl"))
-    assert again == records  # nothing re-measured: the 3-sample timings come back from the log
+    assert sum(calls) == pytest.approx(sum(r["bytes"] for r in records))  # progress weighted by bytes
+    again = run(experts, passes, ["slot", "dedup"], layer=0, reps=3, log=PointLog(tmp_path / "p.jsonl"))
+    assert again == records  # nothing re-measured: every sample comes back from the log
+    more = run(experts, passes, ["slot", "dedup"], layer=0, reps=5, log=PointLog(tmp_path / "p.jsonl"))
+    for old, new in zip(records, more):  # more repetitions keep the logged samples and add two
+        assert new["timing"]["samples"][:3] == old["timing"]["samples"] and len(new["timing"]["samples"]) == 5
+
+
+def test_run_interrupted_mid_round_resumes_with_the_samples_taken(tmp_path):
+    model, _ = build("olmoe-tiny")
+    experts = layer_experts(model, 0)
+    passes = chosen_passes([2, 3], M, N, u_points=2)
+    points = 2 * len(passes)
+    taken = []
+
+    def stop(nbytes):
+        taken.append(nbytes)
+        if len(taken) == points + 3:  # inside the second round
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(experts, passes, ["slot", "dedup"], layer=0, reps=2, log=PointLog(tmp_path / "p.jsonl"), on_point=stop)
+    log = PointLog(tmp_path / "p.jsonl")
+    assert len(log) == points + 3
+    kept = dict(log.items())
+    records = run(experts, passes, ["slot", "dedup"], layer=0, reps=2, log=log)
+    samples = {float(s) for r in records for s in r["timing"]["samples"]}
+    assert {float(v) for v in kept.values()} <= samples and len(PointLog(tmp_path / "p.jsonl")) == 2 * points
+
+
+def test_run_spreads_each_points_repetitions_over_rounds(tmp_path):
+    """Round r of every point is taken before round r + 1 of any: the log's order shows it."""
+    model, _ = build("olmoe-tiny")
+    experts = layer_experts(model, 0)
+    passes = chosen_passes([2], M, N, u_points=3)
+    log = PointLog(tmp_path / "p.jsonl")
+    run(experts, passes, ["slot", "dedup"], layer=0, reps=3, log=log)
+    rounds = [json.loads(key)[-1] for key, _ in log.items()]
+    assert rounds == sorted(rounds) and set(rounds) == {0, 1, 2}
 
 
 @pytest.mark.parametrize("preset", ["olmoe-tiny", "mixtral-tiny"])

@@ -41,13 +41,21 @@ def test_characterize_cli_writes_artifact_figure_and_resumes(tmp_path):
     lines = log.read_text().splitlines()
     assert len(lines) == len(payload["points"])
 
-    # A rerun with more reps measures nothing new: every point is read back from the log.
-    rerun = CliRunner().invoke(app, args[:-6] + ["--reps", "3"] + args[-6:])
+    # A rerun measures nothing new: every sample is read back from the log.
+    rerun = CliRunner().invoke(app, args)
     assert rerun.exit_code == 0, rerun.output
     assert "resuming" in rerun.output
     assert log.read_text().splitlines() == lines
+    assert json.loads(out.read_text())["payload"]["points"] == payload["points"]
+
+    # More reps keep the logged sample of each point and add two.
+    more = CliRunner().invoke(app, args[:-6] + ["--reps", "3"] + args[-6:])
+    assert more.exit_code == 0, more.output
+    assert log.read_text().splitlines()[: len(lines)] == lines
     again = json.loads(out.read_text())["payload"]
-    assert all(len(p["timing"]["samples"]) == 1 for p in again["points"])
+    assert len(log.read_text().splitlines()) == 3 * len(lines)
+    for old, new in zip(payload["points"], again["points"]):
+        assert new["timing"]["samples"][0] == old["timing"]["samples"][0] and len(new["timing"]["samples"]) == 3
 
 
 def test_characterize_cli_rejects_bad_ranges(tmp_path):

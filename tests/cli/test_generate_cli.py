@@ -37,3 +37,19 @@ def test_bad_options():
     assert r.exit_code != 0 and "at most one" in r.output
     r = runner.invoke(app, [*BASE])
     assert r.exit_code != 0 and "--prompt" in r.output
+
+
+def test_experts_kernel_choice_keeps_tokens(tmp_path):
+    """Greedy tokens do not depend on the expert kernel; the artifact records which one ran."""
+    tokens = {}
+    for kernel in ("grouped_mm", "moespec_auto"):
+        out = tmp_path / f"{kernel}.json"
+        r = runner.invoke(app, [*BASE, "--oracle-acceptance", "0.7", "-k", "3", "--prompt", "Hello",
+                                "--experts", kernel, "--json", str(out)])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(out.read_text())
+        assert doc["payload"]["experts"] == kernel
+        tokens[kernel] = doc["payload"]["result"]["tokens"]
+    assert tokens["grouped_mm"] == tokens["moespec_auto"]
+    r = runner.invoke(app, [*BASE, "--prompt", "x", "--experts", "fastest"])
+    assert r.exit_code != 0 and "fastest" in str(r.exception)

@@ -12,7 +12,9 @@ its expert ids from one of two sources:
 
 Protocol (App. D/E): warm-up; a cache flush larger than the LLC before every timed call; device
 synchronize; median and IQR over repetitions, every raw timing kept (`moespec.bench.timing`).
-Finished points go to a `PointLog` and are skipped on a rerun, so an interrupted run resumes.
+Repetitions run in rounds over all points (each round in a fresh seeded order), so drift of a busy
+machine falls on every point alike. Every sample goes to a `PointLog` as it is taken and is read
+back on a rerun, so an interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -171,6 +173,11 @@ def point_key(layer: int, kernel: str, p: Pass) -> str:
     return json.dumps([layer, kernel, *p.key])
 
 
+def sample_key(layer: int, kernel: str, p: Pass, rep: int) -> str:
+    """Log key of repetition `rep` of a point: the log keeps every sample as it is taken."""
+    return json.dumps([layer, kernel, *p.key, "rep", rep])
+
+
 def run(
     experts: torch.nn.Module,
     passes: Sequence[Pass],
@@ -181,40 +188,63 @@ def run(
     warmup: int = 1,
     flush: Callable[[], None] | None = None,
     log: PointLog | None = None,
-    on_point: Callable[[int], None] | None = None,
+    on_point: Callable[[float], None] | None = None,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
     """Time every (pass, kernel) of one layer; returns one record per point, in the order given.
 
-    Kernels alternate within each pass so that drift of a busy machine hits them alike. Points
-    already in `log` are not measured again. `on_point(bytes)` is called after each point with its
-    requested bytes (for a progress bar weighted by work).
+    Repetitions run in rounds: each round times every point once, in a fresh seeded order, so that
+    a point's `reps` samples spread over the whole run. On a shared machine the memory bandwidth
+    drifts by several percent over minutes; timing a point's repetitions back to back would give
+    each point its own moment of that drift, an error no fit can follow (it raised eps by about a
+    third on this project's 2-core machine). Each sample is appended to `log` as it is taken and
+    read back on a rerun, so an interrupted run resumes mid-round. `on_point(bytes)` is called after
+    each sample with the point's requested bytes over `reps` (a progress bar weighted by work).
     """
+    if reps < 1:
+        raise ValueError(f"reps={reps} must be >= 1")
     params = next(experts.parameters())
     dtype, device = params.dtype, params.device
     H = params.shape[-1] if not getattr(experts, "is_transposed", False) else params.shape[1]
     b = expert_bytes(experts)
     fns = {k: kernel_fn(k, experts) for k in kernels_}
-    records = []
+    points = [(p, k) for p in passes for k in kernels_]
+    inputs = {p.key: pass_inputs(p, H, dtype, device, seed) for p in passes}
+    samples: dict[int, dict[int, float]] = {i: {} for i in range(len(points))}
+    if log is not None:
+        for i, (p, k) in enumerate(points):
+            for rep in range(reps):
+                key = sample_key(layer, k, p, rep)
+                if log.has(key):
+                    samples[i][rep] = float(log.get(key))
+                    if on_point is not None:
+                        on_point(requested_bytes(k, p, b) / reps)
+
+    def call(i: int) -> Callable[[], Any]:
+        p, k = points[i]
+        hidden, index, weights = inputs[p.key]
+        fn = fns[k]
+        return lambda: fn(experts, hidden, index, weights)
+
+    order_rng = np.random.default_rng(seed + 104729 * (layer + 1))
     with torch.inference_mode():
-        for p in passes:
-            hidden, index, weights = pass_inputs(p, H, dtype, device, seed)
-            for k in kernels_:
-                key = point_key(layer, k, p)
-                if log is not None and log.has(key):
-                    record = log.get(key)
-                else:
-                    fn = fns[k]
-                    timing = measure(
-                        lambda: fn(experts, hidden, index, weights), reps=reps, warmup=warmup, flush=flush, device=device
-                    )
-                    record = point_record(layer, k, p, b, timing)
-                    if log is not None:
-                        log.append(key, record)
-                records.append(record)
+        todo = [i for i in range(len(points)) if len(samples[i]) < reps]
+        for i in todo:  # warm-up: first calls allocate and fault pages in
+            for _ in range(warmup):
+                call(i)()
+        for rep in range(reps):
+            for i in order_rng.permutation(len(points)).tolist():
+                if rep in samples[i]:
+                    continue
+                p, k = points[i]
+                (t,) = measure(call(i), reps=1, warmup=0, flush=flush, device=device).samples
+                samples[i][rep] = t
+                if log is not None:
+                    log.append(sample_key(layer, k, p, rep), t)
                 if on_point is not None:
-                    on_point(requested_bytes(k, p, b))
-    return records
+                    on_point(requested_bytes(k, p, b) / reps)
+    return [point_record(layer, k, p, b, Timing(tuple(samples[i][r] for r in range(reps))))
+            for i, (p, k) in enumerate(points)]
 
 
 def point_record(layer: int, kernel: str, p: Pass, b: int, timing: Timing) -> dict[str, Any]:

@@ -51,6 +51,11 @@ def generate_cmd(
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the prompt from a file."),
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding and print the speedup."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result artifact here."),
+    experts: str = typer.Option(
+        "moespec_auto", "--experts",
+        help="Expert kernel of MoE models: moespec_auto (per-slot below the crossover, dedup from it), "
+             "moespec_slot, moespec_dedup, or a transformers one (grouped_mm, batched_mm, eager). "
+             "Dense models ignore it."),
 ) -> None:
     """Decode with a target and a draft (model, prompt lookup or oracle), losslessly."""
     from moespec import artifacts
@@ -65,10 +70,10 @@ def generate_cmd(
     text = prompt if prompt is not None else prompt_file.read_text()
     console = Console()
 
-    model, tok = load(target)
+    model, tok = load(target, experts_implementation=experts)
     proposer = None
     if draft is not None:
-        proposer, draft_tok = load(draft)
+        proposer, draft_tok = load(draft, experts_implementation=experts)
         check_pairing(tok, draft_tok)
     elif prompt_lookup is not None:
         proposer = PromptLookup(prompt_lookup)
@@ -87,7 +92,7 @@ def generate_cmd(
     console.print(_stats_table("speculative" if proposer is not None else "plain decoding", result.stats))
 
     payload = {"target": target, "draft": draft, "prompt_lookup": prompt_lookup,
-               "oracle_acceptance": oracle_acceptance, "k": k, "text": text, **kwargs,
+               "oracle_acceptance": oracle_acceptance, "k": k, "experts": experts, "text": text, **kwargs,
                "result": result.to_dict()}
     if compare:
         plain = generate(model, input_ids, draft=None, k=0, **kwargs)
