@@ -27,16 +27,25 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=2048, help="R: gate/up width 2I of one expert")
     ap.add_argument("--cols", type=int, default=2048, help="C: hidden size H")
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--groups", type=int, nargs="+", default=[1, 2, 3, 4, 6, 9])
+    ap.add_argument("--groups", type=int, nargs="+", default=list(range(1, 10)))
     ap.add_argument("--out", type=Path, default=Path("results/dedup_orientation.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     W = torch.randn(args.experts, args.rows, args.cols, generator=gen)  # N experts [R, C]
     nbytes = W.numel() * W.element_size()
+    def tiles(x, out, width):  # (W X^T)^T over chunks of `width` tokens, the last padded with zeros
+        g = x.shape[0]
+        xp = torch.cat((x, x.new_zeros((-g) % width, x.shape[1]))) if g % width else x
+        for e in range(args.experts):
+            for lo in range(0, g, width):
+                hi = min(lo + width, g)
+                out[lo:hi].copy_(torch.mm(W[e], xp[lo:lo + width].t()).t()[: hi - lo])
+
     ways = {
         "X W^T": lambda x, out: [torch.mm(x, W[e].t(), out=out) for e in range(args.experts)],
         "(W X^T)^T": lambda x, out: [out.copy_(torch.mm(W[e], x.t()).t()) for e in range(args.experts)],
+        "tiles of 4": lambda x, out: tiles(x, out, 4),
     }
     rows = []
     for g in args.groups:
