@@ -84,3 +84,15 @@ def test_draft_sweep_reports_the_engine_paper_figures(tiny):
     assert cells[2]["ttft_s"] > 0 and cells[2]["peak_rss_bytes"] > 0
     assert len(cells[2]["acceptance_by_position"]) == 2
     assert entry["draft_target_ratio"] >= 0 and entry["target_step_s"] > 0
+
+
+def test_oracle_order_runs_each_acceptance_as_one_block():
+    from moespec.bench.sweep import _oracle_order
+
+    grid = [0.2, 0.5, 0.9]
+    order = _oracle_order(range(0, 5), grid)
+    assert order[0] == (0, None) and sorted(order[1:]) == sorted((k, a) for a in grid for k in range(1, 5))
+    for j, a in enumerate(grid):  # every k >= 1 of one a runs back to back
+        at = [i for i, (_, aa) in enumerate(order) if aa == a]
+        assert at == list(range(at[0], at[0] + 4))
+    assert [k for k, a in order if a == 0.5] == [4, 3, 2, 1]  # direction alternates, so drift averages over a

@@ -116,3 +116,25 @@ def test_scaling_curve_is_relative_to_one_token(tiny):
     assert curve.ratio[1] == 1.0 and sorted(curve.ratio) == [1, 2, 3]
     assert all(r > 0 for r in curve.ratio.values())
     assert ScalingCurve.from_dict(curve.to_dict()).ratio == curve.ratio
+
+
+def test_time_passes_runs_repetitions_in_rounds_over_every_n():
+    """After one warm-up per (n, kernel), the timed passes go round by round: every n once per round."""
+    from moespec.bench.verify import time_passes
+
+    model, tok = build("olmoe-tiny")
+    sizes = []
+    forward = model.forward
+
+    def spy(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        sizes.append(int(ids.shape[-1]))
+        return forward(*args, **kwargs)
+
+    model.forward = spy
+    ids = tok.encode("x" * 40, add_bos=True)
+    out = time_passes(model, ids, 16, [1, 2, 3], [SLOT, DEDUP], reps=3, warmup=1)
+    timed = [n for n in sizes if n <= 3][12:]  # after the prefill and 2 untimed + timed warm-ups per (n, kernel)
+    assert len(timed) == 3 * 3 * 2 and all(len(out[k][str(n)]) == 3 for k in (SLOT, DEDUP) for n in (1, 2, 3))
+    rounds = [timed[i:i + 6] for i in range(0, 18, 6)]
+    assert all(sorted(r) == [1, 1, 2, 2, 3, 3] for r in rounds)  # each round holds every n, both kernels

@@ -264,6 +264,17 @@ def oracle_points(*, depths, ks, acceptances, kernels, prompts: int, reps: int) 
     return len(depths) * prompts * per_k * len(kernels) * reps
 
 
+def _oracle_order(ks: Sequence[int], acceptances: Sequence[float]) -> list[tuple[int, float | None]]:
+    """(k, a) in the order they run on one prompt: k = 0 first (it does not depend on a), then for
+    each a every k >= 1 back to back, ascending and descending in turn. k*(a) compares runs at one a,
+    so those run within a minute of each other rather than one k's eleven runs apart."""
+    order = [(0, None)] if 0 in ks else []
+    drafting = [k for k in ks if k]
+    for j, a in enumerate(acceptances):
+        order += [(k, a) for k in (drafting if j % 2 == 0 else drafting[::-1])]
+    return order
+
+
 def run_oracle(
     model,
     tokenizer,
@@ -281,8 +292,9 @@ def run_oracle(
 ) -> list[dict[str, Any]]:
     """The oracle sweep; one entry per (kernel, depth) with a cell per (k, a), h(k) and V(k).
 
-    Kernels alternate innermost, run by run, so drift falls on both alike. Greedy decoding; the
-    oracle's corruption flags are seeded by (seed, prompt, repetition).
+    Kernels alternate innermost, run by run, so drift falls on both alike; at each a the draft
+    lengths run back to back (`_oracle_order`). Greedy decoding; the oracle's corruption flags are
+    seeded by (seed, prompt, repetition).
     """
     ks = sorted(set(int(k) for k in ks))
     runs: dict[tuple, list[dict]] = {}
@@ -290,26 +302,25 @@ def run_oracle(
     for depth in depths:
         cache = _Prompts(model, tokenizer, depth, prompts)
         for i in range(prompts):
-            for k in ks:
-                for a in acceptances if k else [None]:
-                    for rep in range(reps):
-                        for kernel in kernels:
-                            key = {"part": "oracle", "kernel": kernel, "depth": depth, "prompt": i, "k": k,
-                                   "a": a, "rep": rep, "new_tokens": new_tokens, "seed": seed}
+            for rep in range(reps):
+                for k, a in _oracle_order(ks, acceptances):
+                    for kernel in kernels:
+                        key = {"part": "oracle", "kernel": kernel, "depth": depth, "prompt": i, "k": k,
+                               "a": a, "rep": rep, "new_tokens": new_tokens, "seed": seed}
 
-                            def run(i=i, k=k, a=a, rep=rep, kernel=kernel):
-                                target = cache.target(i)
-                                _switch(model, kernel)
-                                oracle = (OracleDraft(a, seed=seed + 7919 * i + 104729 * rep,
-                                                      reference=references.get((depth, i))) if k else None)
-                                result = generate(target, cache.ids[i], draft=oracle, k=k, temperature=0.0,
-                                                  max_new_tokens=new_tokens, seed=seed + i,
-                                                  vocab_limit=_vocab_limit(tokenizer))
-                                if oracle is not None:
-                                    references.setdefault((depth, i), oracle.reference)
-                                return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0})
+                        def run(i=i, k=k, a=a, rep=rep, kernel=kernel):
+                            target = cache.target(i)
+                            _switch(model, kernel)
+                            oracle = (OracleDraft(a, seed=seed + 7919 * i + 104729 * rep,
+                                                  reference=references.get((depth, i))) if k else None)
+                            result = generate(target, cache.ids[i], draft=oracle, k=k, temperature=0.0,
+                                              max_new_tokens=new_tokens, seed=seed + i,
+                                              vocab_limit=_vocab_limit(tokenizer))
+                            if oracle is not None:
+                                references.setdefault((depth, i), oracle.reference)
+                            return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0})
 
-                            runs.setdefault((kernel, depth, k, a), []).append(_logged(log, key, run, on_point))
+                        runs.setdefault((kernel, depth, k, a), []).append(_logged(log, key, run, on_point))
     out = []
     for kernel in kernels:
         for depth in depths:

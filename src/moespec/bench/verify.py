@@ -4,8 +4,8 @@ verify-batch scaling curve.
 τ_p(n) is the time of one forward pass of n tokens with kernel p while the KV cache holds a prompt
 of depth d (cost-model paper, eq. (5); Sec. 4 and App. D). Each prompt is prefilled once per depth;
 then every (n, kernel) pass is timed as `extend(n tokens)` with the cache cut back to d tokens
-before each call, outside the timed interval. Kernels alternate call by call, so slow drift of the
-machine falls on both alike. The saving S(n) = τ_slot(n) − τ_dedup(n) (eq. (6)) gets a 95%
+before each call, outside the timed interval. Kernels alternate call by call and repetitions run in
+rounds over every n, so slow drift of the machine falls on all points alike. The saving S(n) = τ_slot(n) − τ_dedup(n) (eq. (6)) gets a 95%
 bootstrap interval that resamples prompts, then repetitions within each prompt, pairing the two
 kernels' samples of the same (prompt, repetition).
 
@@ -224,7 +224,9 @@ def time_passes(
 
     `ids` holds the prompt: its first `depth` tokens fill the cache once, and the pass of n tokens
     is ids[depth : depth + n]. Kernels are switched with `model.set_experts_implementation`
-    (None keeps the model's current one) and alternate call by call. Returns {kernel: {str(n): [R]}},
+    (None keeps the model's current one) and alternate call by call; repetitions run in rounds
+    over every n, so a shared machine's drift falls on all pass sizes alike (timed n by n, one n
+    could land on a slow minute and the verify times would not even grow with n). Returns {kernel: {str(n): [R]}},
     keyed as JSON keeps it, so a fresh result and one read back from a point log look alike.
     """
     from moespec.engine.cached import CachedModel
@@ -256,7 +258,9 @@ def time_passes(
         for kernel in kernels:
             switch(kernel)
             measure(lambda: cached.extend(tokens), reps=1, warmup=warmup, flush=cut_back)
-        for _ in range(reps):
+    for rep in range(reps):  # rounds over every n, in an order that rotates by one each round
+        for n in ns[rep % len(ns):] + ns[: rep % len(ns)]:
+            tokens = ids[depth : depth + n]
             for kernel, name in zip(kernels, names):
                 switch(kernel)
                 t: Timing = measure(lambda: cached.extend(tokens), reps=1, warmup=0, flush=cut_back)
