@@ -46,7 +46,7 @@ class DemoConfig:
     # borrows the nearest layer's window times, and olmoe-shaped's two layers route with rho(2) 0.29
     # and 0.55, so one layer's times mispredicted the other's deduplicated verify time by up to 24%.
     characterize: dict = field(default_factory=lambda: dict(layers=(0, "mid"), reps=3, u_points=3, windows=4))
-    # 2 prompts x 64 new tokens per oracle run and 5 verify repetitions: about 10 minutes in all on 2
+    # 2 prompts x 64 new tokens per oracle run and 5 verify repetitions: about 12 minutes in all on 2
     # quiet cores; at 12 tokens a k = 8 run has 2 steps, and one prompt leaves τ_dedup(n) at one routing
     measure: dict = field(default_factory=lambda: dict(new_tokens=64, prompts=2, reps=5, scaling_ns=tuple(range(1, 10))))
     full: bool = False

@@ -169,10 +169,6 @@ def requested_bytes(kernel: str, p: Pass, b: int) -> int:
     return p.n * m * b if REQUESTED_BYTES.get(kernel, "dedup") == "slot" else p.U * b
 
 
-def point_key(layer: int, kernel: str, p: Pass) -> str:
-    return json.dumps([layer, kernel, *p.key])
-
-
 def sample_key(layer: int, kernel: str, p: Pass, rep: int) -> str:
     """Log key of repetition `rep` of a point: the log keeps every sample as it is taken."""
     return json.dumps([layer, kernel, *p.key, "rep", rep])

@@ -5,9 +5,9 @@ verify-batch scaling curve.
 of depth d (cost-model paper, eq. (5); Sec. 4 and App. D). Each prompt is prefilled once per depth;
 then every (n, kernel) pass is timed as `extend(n tokens)` with the cache cut back to d tokens
 before each call, outside the timed interval. Kernels alternate call by call and repetitions run in
-rounds over every n, so slow drift of the machine falls on all points alike. The saving S(n) = τ_slot(n) − τ_dedup(n) (eq. (6)) gets a 95%
-bootstrap interval that resamples prompts, then repetitions within each prompt, pairing the two
-kernels' samples of the same (prompt, repetition).
+rounds over every n, so slow drift of the machine falls on all points alike. The saving
+S(n) = τ_slot(n) − τ_dedup(n) (eq. (6)) gets a 95% bootstrap interval that resamples prompts, then
+repetitions within each prompt, pairing the two kernels' samples of the same (prompt, repetition).
 
 The verify-batch scaling curve (engine paper, Sec. 6.5 and 7) is τ(n)/τ(1) for n = 1..16 with one
 kernel: how far "parallel" verification is from costing one decode step.
@@ -226,8 +226,9 @@ def time_passes(
     is ids[depth : depth + n]. Kernels are switched with `model.set_experts_implementation`
     (None keeps the model's current one) and alternate call by call; repetitions run in rounds
     over every n, so a shared machine's drift falls on all pass sizes alike (timed n by n, one n
-    could land on a slow minute and the verify times would not even grow with n). Returns {kernel: {str(n): [R]}},
-    keyed as JSON keeps it, so a fresh result and one read back from a point log look alike.
+    could land on a slow minute and the verify times would not even grow with n). Returns
+    {kernel: {str(n): [R]}}, keyed as JSON keeps it, so a fresh result and one read back from a
+    point log look alike.
     """
     from moespec.engine.cached import CachedModel
 
