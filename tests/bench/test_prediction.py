@@ -7,7 +7,7 @@ import pytest
 
 from moespec import artifacts
 from moespec.bench.prediction import (nearest_layers, predict_all, predict_from_artifacts, score_from_artifacts,
-                                      window_unions)
+                                      window_unions, windows_source)
 from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import VERSIONS
 from moespec.moe.traces import RoutingTrace
@@ -85,9 +85,29 @@ def test_missing_h_names_the_fix(run):
         predict_from_artifacts(char, trace, {**base, "h": {}})
 
 
+def test_measured_time_version_times_the_verified_windows(run):
+    char, trace, base = _inputs(run)
+    depth = base["verify"][0]["depth"]
+    verified = [p for p in char["points"] if p["source"] == "verified"]
+    # the smoke demo times the first n tokens after depth d of each verify prompt, at each n
+    assert {p["placement"] for p in verified} == {f"d{depth}/p0"} and {p["n"] for p in verified} == {1, 2, 3}
+    assert windows_source(char, depth) == "verified" and windows_source(char, depth + 1) == "recorded"
+    entry = predict_all(char, trace, base)["depths"][0]
+    assert entry["measured_time_windows"] == "verified"
+    got = predict_from_artifacts(char, trace, base, version="measured-time")
+    # M̂(n) sums the two MoE layers; both take layer 0's time on the verified window (the nearest timed)
+    for n in (2, 3):
+        (t,) = [p["timing"]["median"] for p in verified if p["n"] == n and p["kernel"] == "dedup"]
+        assert got.M["dedup"][n - 1] == pytest.approx(2 * t)
+    # without them the version falls back to the corpus windows, and its operation times change
+    recorded = predict_from_artifacts({**char, "points": [p for p in char["points"] if p["source"] != "verified"]},
+                                      trace, base, version="measured-time")
+    assert recorded.M["dedup"] != got.M["dedup"]
+
+
 def test_measured_time_version_unavailable_without_recorded_windows(run):
     char, trace, base = _inputs(run)
-    chosen_only = {**char, "points": [p for p in char["points"] if p["source"] != "recorded"]}
+    chosen_only = {**char, "points": [p for p in char["points"] if p["source"] == "chosen"]}
     with pytest.raises(ValueError, match="recorded windows"):
         predict_from_artifacts(chosen_only, trace, base, version="measured-time")
     entry = predict_all(chosen_only, trace, base)["depths"][0]

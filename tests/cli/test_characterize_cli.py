@@ -63,3 +63,34 @@ def test_characterize_cli_rejects_bad_ranges(tmp_path):
                                       str(tmp_path / "t.parquet"), "--n", "0..3"])
     assert result.exit_code != 0
     assert "--n needs" in result.output
+
+
+def test_trace_verified_then_characterize_times_the_verified_windows(tmp_path):
+    verified = tmp_path / "verified.parquet"
+    made = CliRunner().invoke(app, ["trace-verified", "--model", "synthetic:olmoe-tiny", "--depth", "16",
+                                    "--prompts", "2", "--n-max", "3", "--out", str(verified)])
+    assert made.exit_code == 0, made.output
+    windows = RoutingTrace.load(verified)
+    assert windows.doc_ids == ("d16/p0", "d16/p1") and [d.shape[0] for d in windows.documents] == [3, 3]
+
+    traces = olmoe_tiny_trace(tmp_path / "traces.parquet")
+    out = tmp_path / "char.json"
+    result = CliRunner().invoke(app, [
+        "characterize", "--model", "synthetic:olmoe-tiny", "--traces", str(traces), "--layers", "0", "--n", "1..3",
+        "--reps", "1", "--u-points", "2", "--windows", "2", "--flush-mib", "1", "--verified", str(verified),
+        "--verified-reps", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    payload = load(out, "characterize")["payload"]
+    points = [p for p in payload["points"] if p["source"] == "verified"]
+    # 2 windows x n = 1..3 x 2 kernels, each with the routing of the window's first n tokens of layer 0
+    assert len(points) == 12 and all(len(p["timing"]["samples"]) == 2 for p in points)
+    for p in points:
+        doc = windows.documents[windows.doc_ids.index(p["placement"])]
+        assert p["ids"] == doc[: p["n"], 0].tolist()
+    # the fits and eps see only the chosen and recorded passes: without the windows' points, the same
+    from moespec.bench.characterize import summarize
+
+    others = [p for p in payload["points"] if p["source"] != "verified"]
+    again = json.loads(json.dumps(summarize(others, RoutingTrace.load(traces), [0], [1, 2, 3])))
+    assert again["fits"] == payload["fits"] and again["eps"] == payload["eps"]
+    assert payload["settings"]["verified_reps"] == 2 and payload["verified"]["documents"] == ["d16/p0", "d16/p1"]

@@ -67,6 +67,8 @@ def characterize(
     warmup: int = DEFAULT_WARMUP,
     u_points: int | None = DEFAULT_U_POINTS,
     windows: int = DEFAULT_WINDOWS,
+    verified: str | Path | RoutingTrace | None = None,
+    verified_reps: int | None = None,
     kernels: Sequence[str] = ("slot", "dedup"),
     out: str | Path | None = None,
     dtype: str | torch.dtype | None = None,
@@ -79,7 +81,10 @@ def characterize(
     model: a `synthetic:NAME` spec, a local checkpoint folder (each layer's experts loaded alone),
     or a model / experts module. traces: a routing trace of the same model (path or object); its
     MoE-layer indices are the `layers` indices, "mid" is L // 2. u_points: U values per n on chosen
-    ids (None: every U); windows: recorded windows per n. With `out`, finished points are appended to
+    ids (None: every U); windows: recorded windows per n. verified: the routing of the text the
+    whole-model verify passes verify (`bench.verify.verified_routing`); its windows are timed too
+    (`verified_reps` repetitions, default `reps`), for the measured-time version of the prediction,
+    and take no part in the fits or ε. With `out`, finished points are appended to
     `<out>.points.jsonl` and skipped on a rerun.
     """
     n_values = sorted({int(x) for x in n})
@@ -88,6 +93,14 @@ def characterize(
     if "slot" not in kernels or "dedup" not in kernels:
         raise ValueError(f"kernels {list(kernels)} must include 'slot' and 'dedup' (the fits need both)")
     trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
+    windows_of = None
+    if verified is not None:
+        windows_of = verified if isinstance(verified, RoutingTrace) else RoutingTrace.load(verified)
+        shape = lambda t: (t.num_layers, t.num_experts, t.top_k)  # noqa: E731
+        if shape(windows_of) != shape(trace):
+            raise ValueError(f"the verified windows have (layers, experts, top-k) {shape(windows_of)}, the trace "
+                             f"{shape(trace)}; record both with the same model")
+    verified_reps = reps if verified_reps is None else int(verified_reps)
     roof = read_bandwidth(nbytes=ROOF_BYTES, reps=3)
     flusher = CacheFlusher(flush_bytes)
     get_experts, model_layers, label = _experts_source(model, dtype)
@@ -103,8 +116,10 @@ def characterize(
         passes += expert_op.recorded_passes(trace.documents, l, n_values, windows=windows, seed=seed + l)
         order = np.random.default_rng(seed + 7919 * (l + 1)).permutation(len(passes))  # drift-neutral
         plan[l] = [passes[i] for i in order]
+    extra = {l: expert_op.verified_passes(windows_of, l, n_values) if windows_of is not None else [] for l in layer_ids}
     log = artifacts.PointLog(points_path(out)) if out is not None else None
-    total = sum(expert_op.requested_bytes(k, p, trace.expert_bytes[l]) for l in plan for p in plan[l] for k in kernels)
+    total = sum(expert_op.requested_bytes(k, p, trace.expert_bytes[l])
+                for l in layer_ids for p in plan[l] + extra[l] for k in kernels)
     records = []
     with _progress_bar(progress, total) as advance:
         for l in layer_ids:
@@ -114,12 +129,17 @@ def characterize(
                                  "use the trace of this model")
             records += expert_op.run(experts, plan[l], kernels, layer=l, reps=reps, warmup=warmup, flush=flusher,
                                      log=log, on_point=advance, seed=seed)
+            if extra[l]:
+                records += expert_op.run(experts, extra[l], kernels, layer=l, reps=verified_reps, warmup=warmup,
+                                         flush=flusher, log=log, on_point=advance, seed=seed)
             del experts
     payload = summarize(records, trace, layer_ids, n_values)
     payload.update(
         model=label,
         traces=str(traces) if not isinstance(traces, RoutingTrace) else trace.model,
-        settings={"reps": reps, "warmup": warmup, "u_points": u_points, "windows": windows,
+        verified=None if windows_of is None else {"source": str(verified) if not isinstance(verified, RoutingTrace)
+                                                  else windows_of.model, "documents": list(windows_of.doc_ids)},
+        settings={"reps": reps, "verified_reps": verified_reps, "warmup": warmup, "u_points": u_points, "windows": windows,
                   "kernels": list(kernels), "flush_bytes": flusher.nbytes, "seed": seed},
         read_bandwidth=roof,
     )

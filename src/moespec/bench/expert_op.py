@@ -99,9 +99,9 @@ def chosen_ids(n: int, U: int, m: int, N: int, placement: str, rng: np.random.Ge
 class Pass:
     """One pass of the benchmark: its expert ids and where they came from."""
 
-    source: str  # "chosen" or "recorded"
+    source: str  # "chosen", "recorded" or "verified"
     n: int
-    placement: str  # "same" / "shuffled" for chosen ids, "window" for recorded ones
+    placement: str  # "same" / "shuffled" for chosen ids, "window" for recorded ones, the document for verified
     index: int  # the draw at this (n, U, placement), or the window's number at this n
     ids: tuple  # [n, m] expert ids as nested tuples
 
@@ -151,6 +151,20 @@ def recorded_passes(
             d, t = starts[i]
             ids = np.asarray(documents[d][t : t + n, layer], dtype=np.int64)
             passes.append(Pass("recorded", n, "window", w, tuple(map(tuple, ids.tolist()))))
+    return passes
+
+
+def verified_passes(trace, layer: int, n_values: Iterable[int]) -> list[Pass]:
+    """The verify passes' own windows: for each document of a `verify.verified_routing` trace and each
+    n, its first n tokens of `layer`, labelled with the document id ("d{depth}/p{i}")."""
+    passes = []
+    for n in n_values:
+        for w, (doc_id, doc) in enumerate(zip(trace.doc_ids, trace.documents)):
+            if doc.shape[0] < n:
+                raise ValueError(f"verified window {doc_id!r} has {doc.shape[0]} tokens, fewer than n = {n}; "
+                                 "record it with n_max >= the largest pass size")
+            ids = np.asarray(doc[:n, layer], dtype=np.int64)
+            passes.append(Pass("verified", n, str(doc_id), w, tuple(map(tuple, ids.tolist()))))
     return passes
 
 

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from moespec import artifacts
-from moespec.bench.verify import DEDUP, SLOT
+from moespec.bench.verify import DEDUP, SLOT, verified_depth
 from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS, Prediction, predict, window_times
 from moespec.costmodel.score import Score, score
@@ -88,12 +88,23 @@ def _fits(char: Mapping[str, Any], kernel: str, source: list[int]) -> list[Exper
     return [ExpertFit.from_dict(_get(_get(char["fits"], c), kernel)) for c in source]
 
 
-def _measured_times(char: Mapping[str, Any], source: list[int], ns: list[int]) -> dict[str, dict] | str:
-    """{"slot": {n: [L]}, "dedup": {n: [L]}}: each layer's mean measured time on its recorded
-    windows (the characterized source layer's), or the reason the measured-time version is unavailable."""
+def windows_source(char: Mapping[str, Any], depth: int) -> str:
+    """Which windows the measured-time version averages at `depth`: "verified" where the
+    characterization timed the verify passes' own windows at that depth (the paper's protocol,
+    Sec. 4), else "recorded" (windows of the corpus trace)."""
+    return "verified" if any(p.get("source") == "verified" and verified_depth(p.get("placement", "")) == depth
+                             for p in char.get("points", [])) else "recorded"
+
+
+def _measured_times(char: Mapping[str, Any], source: list[int], ns: list[int],
+                    depth: int | None = None) -> dict[str, dict] | str:
+    """{"slot": {n: [L]}, "dedup": {n: [L]}}: each layer's mean measured time on its windows (the
+    characterized source layer's), or the reason the measured-time version is unavailable. The
+    windows are those of the verified text at `depth` where timed, else the recorded ones."""
+    kind = "recorded" if depth is None else windows_source(char, depth)
     times: dict[tuple, list[float]] = {}
     for p in char.get("points", []):
-        if p.get("source") == "recorded":
+        if p.get("source") == kind and (kind == "recorded" or verified_depth(p["placement"]) == depth):
             times.setdefault((int(p["layer"]), p["kernel"], int(p["n"])), []).append(float(p["timing"]["median"]))
     out: dict[str, dict] = {"slot": {}, "dedup": {}}
     for kernel, sizes in (("slot", ns), ("dedup", [n for n in ns if n >= 2])):
@@ -131,12 +142,12 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
     return {"depth": depth, "tau": tau, "tau1": float(v["tau_meas_1"]), "h": [float(_get(h, k)) for k in ks]}
 
 
-def _operation_inputs(char: Mapping[str, Any], trace: RoutingTrace, ns: list[int], measured: bool):
+def _operation_inputs(char: Mapping[str, Any], trace: RoutingTrace, ns: list[int], measured: bool, depth: int):
     """(t_slot, t_dedup) for `predict`: fits at every recorded window's bytes, or measured times."""
     L, m = trace.num_layers, trace.top_k
     source = nearest_layers(char["layers"], L)
     if measured:
-        got = _measured_times(char, source, ns)
+        got = _measured_times(char, source, ns, depth)
         if isinstance(got, str):
             return got
         return got["slot"], got["dedup"]
@@ -163,8 +174,9 @@ def predict_from_artifacts(
     """One version of the prediction (22) from the chain's artifacts (Sec. 4).
 
     version: "prediction" (each characterized layer's fit at the union bytes of every recorded
-    window, eq. (4)/(E.1)), "measured-time" (each layer's measured operation time on the
-    characterization's recorded windows) or "calibrated" (the measured-time version, or the
+    window, eq. (4)/(E.1)), "measured-time" (each layer's measured operation time on the windows
+    the verify passes at this depth verified, where the characterization timed them, else on its
+    recorded windows) or "calibrated" (the measured-time version, or the
     prediction where no measured times exist, plus the growth with n of the time outside the
     expert operation from τ_slot(n)). Uncharacterized layers take the nearest characterized
     layer's fit and times: all MoE layers of a model share their widths.
@@ -182,11 +194,11 @@ def predict_from_artifacts(
         ns.append(len(ns) + 1)
     if len(ns) < 2:
         raise ValueError(f"pass sizes shared by the characterization and the verify times: {ns}; need 1..n_max >= 2")
-    ops = _operation_inputs(char, trace, ns, measured=version != "prediction")
+    ops = _operation_inputs(char, trace, ns, measured=version != "prediction", depth=base["depth"])
     if isinstance(ops, str):
         if version == "measured-time":
             raise ValueError(ops)
-        ops = _operation_inputs(char, trace, ns, measured=False)
+        ops = _operation_inputs(char, trace, ns, measured=False, depth=base["depth"])
     h = base["h"][: ns[-1]]
     return predict(
         t_slot=ops[0], t_dedup=ops[1], tau1=base["tau1"], h=h, eps=engine_eps(char), version=version,
@@ -208,7 +220,8 @@ def predict_all(characterization, traces, measurement_base, *, acceptance: Seque
     depths = []
     for v in base.get("verify", []):
         d = int(v["depth"])
-        entry: dict[str, Any] = {"depth": d, "versions": {}, "unavailable": {}}
+        entry: dict[str, Any] = {"depth": d, "versions": {}, "unavailable": {},
+                                 "measured_time_windows": windows_source(char, d)}
         for version in VERSIONS:
             try:
                 entry["versions"][version] = predict_from_artifacts(
@@ -256,7 +269,8 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
     for a in prediction.acceptance:
         row = []
         for k in ks:
-            c = cells.get((k, None if k == 0 else round(float(a), 6)))
+            # k = 0 runs in every acceptance's block; a sweep written before that has one k = 0 cell
+            c = cells.get((k, round(float(a), 6))) or (cells.get((0, None)) if k == 0 else None)
             if c is None:
                 raise ValueError(f"the oracle sweep lacks k={k}, a={a}; sweep k = 0..{ks[-1]} at every a of the grid")
             row.append(float(c["throughput"]))

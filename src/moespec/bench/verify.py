@@ -270,6 +270,33 @@ def time_passes(
     return out
 
 
+def verified_routing(model, tokenizer, *, depths: Sequence[int] = (512,), prompts: int = PROMPT_COUNT,
+                     n_max: int = 9, model_spec: str = ""):
+    """The routing of the text the verify passes verify: one trace document per (depth, prompt).
+
+    Document "d{depth}/p{i}" holds the routing [n_max, L, m] of the n_max tokens that `run_verify`
+    passes after prefilling prompt i to `depth` (prefilled in the same chunks, so each token sees the
+    same context): the pass of n tokens is its first n rows. The measured-time version of the
+    prediction times the expert operation on these windows (cost-model paper, Sec. 4: "the recorded
+    routing of the text the whole-model runs verified").
+    """
+    from moespec.moe.routing import record
+    from moespec.moe.traces import RoutingTrace
+
+    if n_max < 1:
+        raise ValueError(f"n_max={n_max} must be >= 1 (the largest verify pass size)")
+    docs = [(f"d{d}/p{i}", ids) for d in depths for i, ids in enumerate(prompt_ids(tokenizer, d + n_max, prompts))]
+    full = record(model, docs, chunk=PREFILL_CHUNK, model_spec=model_spec, corpus=["moespec:data/prompts"])
+    return RoutingTrace([doc[-n_max:] for doc in full.documents], full.num_experts, full.expert_bytes,
+                        full.doc_ids, full.model, full.dtype, full.corpus, full.layers)
+
+
+def verified_depth(doc_id: str) -> int | None:
+    """The depth d of a `verified_routing` document id "d{d}/p{i}", else None."""
+    head = str(doc_id).split("/", 1)[0]
+    return int(head[1:]) if head.startswith("d") and head[1:].isdigit() else None
+
+
 def avoid_slot_prefill(model) -> None:
     """Leave the per-slot kernel before a prefill: it reads one expert per (token, slot), d*m reads."""
     if getattr(model.config, "_experts_implementation", None) == SLOT:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -69,6 +70,9 @@ def characterize(
     reps: int = typer.Option(DEFAULT_REPS, "--reps", help="timed repetitions per point"),
     u_points: int = typer.Option(DEFAULT_U_POINTS, "--u-points", help="distinct-expert counts U per n on chosen ids (0: all)"),
     windows: int = typer.Option(DEFAULT_WINDOWS, "--windows", help="windows of recorded routing per n"),
+    verified: Optional[Path] = typer.Option(None, "--verified", help="routing of the verified text (from "
+                                            "`moespec trace-verified`): its windows are timed for the measured-time version"),
+    verified_reps: Optional[int] = typer.Option(None, "--verified-reps", help="repetitions on those windows (default --reps)"),
     kernels: str = typer.Option("slot,dedup", "--kernels", help="kernels: slot, dedup and any of eager, grouped_mm, batched_mm"),
     dtype: str = typer.Option(None, "--dtype", help="weights dtype (default: the model's)"),
     figure: Path = typer.Option(None, "--figure", help="Figure-2-style PNG (default: OUT with .png)"),
@@ -91,6 +95,8 @@ def characterize(
         reps=reps,
         u_points=u_points or None,
         windows=windows,
+        verified=verified,
+        verified_reps=verified_reps,
         kernels=[k.strip() for k in kernels.split(",") if k.strip()],
         out=out,
         dtype=dtype,

@@ -57,6 +57,32 @@ def trace(
     Console().print(f"wrote {out}: {n_docs} documents, {n_tokens} tokens")
 
 
+@app.command("trace-verified")
+def trace_verified(
+    model: str = typer.Option(..., "--model", help="synthetic:NAME or a local checkpoint folder"),
+    depth: Optional[list[int]] = typer.Option(None, "--depth", help="context depth d, as given to `moespec measure` "
+                                              "(repeatable; default 512)"),
+    prompts: int = typer.Option(1, "--prompts", help="built-in prompts, as given to `moespec measure` (1..6)"),
+    n_max: int = typer.Option(9, "--n-max", help="largest verify pass size n"),
+    out: Path = typer.Option(Path("verified.parquet"), "--out", help="the Parquet trace to write"),
+    dtype: str = typer.Option("float32", help="model dtype"),
+    seed: int = typer.Option(0, help="seed of a synthetic preset's weights"),
+) -> None:
+    """Record the routing of the tokens `moespec measure` verifies: for each depth and prompt, the
+    n_max tokens after the prompt's first d. Give it to `moespec characterize --verified` and the
+    measured-time version of `moespec predict` times the expert operation on those windows."""
+    from moespec.bench.verify import verified_routing
+    from moespec.models.load import load
+
+    net, tok = load(model, dtype=dtype, seed=seed)
+    try:
+        trace = verified_routing(net, tok, depths=depth or (512,), prompts=prompts, n_max=n_max, model_spec=model)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    trace.save(out)
+    Console().print(f"wrote {out}: {len(trace.documents)} windows of {n_max} tokens ({', '.join(trace.doc_ids)})")
+
+
 def _cell(value: float, lo: float, hi: float) -> str:
     return f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
 
