@@ -55,6 +55,24 @@ def test_bad_acceptance():
         OracleDraft(1.5)
 
 
+def test_offset_continues_one_sequence_of_draws(table_lm):
+    """Two runs of 20 rounds, the second starting its draws where the first stopped, realize the
+    rounds of one 40-round run: outcomes follow the examination order, not the text."""
+    target = table_lm(V, seed=4)
+    room = 40 * 4  # k + 1 tokens per round: no round is cut short by the token budget
+    whole = OracleDraft(0.7, seed=2)
+    long = generate(target, [1, 2, 3], draft=whole, k=3, max_new_tokens=room, max_steps=40, vocab_limit=V)
+    first = OracleDraft(0.7, seed=2)
+    a = generate(target, [1, 2, 3], draft=first, k=3, max_new_tokens=room, max_steps=20, vocab_limit=V)
+    second = OracleDraft(0.7, seed=2, offset=first.examined)
+    b = generate(target, [1, 2, 3], draft=second, k=3, max_new_tokens=room, max_steps=20, vocab_limit=V)
+    assert a.stats.stop_reason == b.stats.stop_reason == "max_steps" and len(a.stats.tokens_per_round) == 20
+    assert a.stats.tokens_per_round + b.stats.tokens_per_round == long.stats.tokens_per_round
+    assert first.examined + second.examined == whole.examined
+    with pytest.raises(ValueError, match="offset"):
+        OracleDraft(0.5, offset=-1)
+
+
 def test_shared_reference_gives_the_same_run_without_decoding_it_again():
     """A reference passed in replaces begin's greedy decoding: same tokens, same acceptance, and the
     target runs fewer forward passes; a reference for another prompt is ignored."""
@@ -74,3 +92,50 @@ def test_shared_reference_gives_the_same_run_without_decoding_it_again():
     assert a.tokens == b.tokens == c.tokens
     assert a.stats.acceptance_by_position == b.stats.acceptance_by_position
     assert shared_calls + 40 - 1 <= len(calls)  # begin's 40-token greedy decode was skipped
+
+
+def test_stratified_uniforms_are_uniform_per_block_and_prefix_stable():
+    from moespec.engine.proposers import stratified_uniforms
+
+    u = stratified_uniforms(1000, torch.Generator().manual_seed(0), block=100)
+    assert u.shape == (1000,) and 0 <= float(u.min()) and float(u.max()) < 1
+    for b in range(10):  # one draw in each stratum [i/100, (i+1)/100) of every block
+        assert sorted((u[100 * b: 100 * (b + 1)] * 100).floor().long().tolist()) == list(range(100))
+    shorter = stratified_uniforms(250, torch.Generator().manual_seed(0), block=100)
+    assert torch.equal(shorter, u[:250])  # a longer run sees the same first draws
+
+
+def _accepted_per_step(flags_wrong, k):
+    """Greedy verification on the oracle's sequence of draws, taken in examination order: accepted
+    drafts of each step of draft length k (a step takes draws up to its first wrong one, or k)."""
+    out, p = [], 0
+    while p + k < len(flags_wrong):
+        j = 0
+        while j < k and not flags_wrong[p + j]:
+            j += 1
+        out.append(j)
+        p += min(j + 1, k)
+    return out
+
+
+@pytest.mark.parametrize("a", [0.3, 0.8, 0.95])
+def test_stratified_flags_keep_acceptance_geometric(a):
+    """Accepted drafts per step at k = 4 follow the truncated geometric law P(j) = a^j (1-a), j < 4,
+    P(4) = a^4. 40,000 positions (about 10,000-28,000 steps); chi-square at level 0.001. The test
+    has power: blocks of 5 positions (one wrong flag per 5 at a = 0.8) are rejected below."""
+    from scipy.stats import chisquare
+
+    from moespec.engine.proposers import FLAG_BLOCK, stratified_uniforms
+
+    k = 4
+    probs = [a**j * (1 - a) for j in range(k)] + [a**k]
+
+    def pvalue(block, a=a):
+        u = stratified_uniforms(40_000, torch.Generator().manual_seed(1), block=block)
+        steps = _accepted_per_step((u >= a).tolist(), k)
+        counts = [steps.count(j) for j in range(k + 1)]
+        return chisquare(counts, [p * len(steps) for p in probs]).pvalue
+
+    assert pvalue(FLAG_BLOCK) > 1e-3
+    if a == 0.8:  # a block of 5 at a = 0.8 holds exactly one wrong flag: far from geometric
+        assert pvalue(5) < 1e-3

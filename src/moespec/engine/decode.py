@@ -85,6 +85,7 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     seed: int = 0,
     vocab_limit: int | None = None,
+    max_steps: int | None = None,
 ) -> GenerationResult:
     """Lossless speculative decoding of `target` from `input_ids`.
 
@@ -94,12 +95,16 @@ def generate(
     vocab_limit: ids >= vocab_limit are never produced (the tokenizer's length when the output
     layer is padded); default: the smaller of the models' declared `moespec_vocab_limit` (synthetic
     presets declare theirs) and the shared logit width. Stops after exactly `max_new_tokens` tokens
-    or at an EOS (kept in the output), whichever comes first.
+    or at an EOS (kept in the output), whichever comes first; with `max_steps`, also after that many
+    rounds (benchmarks that want every round at its full draft length give max_new_tokens room
+    for max_steps * (k + 1) tokens).
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k must be an int >= 0 (0 = plain decoding), got {k!r}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1 round (or None), got {max_steps}")
     config = SamplingConfig(temperature=float(temperature), top_k=top_k, top_p=top_p)
     prompt = _as_prompt(input_ids)
     P = prompt.shape[0]
@@ -136,6 +141,9 @@ def generate(
         pending = tgt.extend(prompt)[-1:]  # the whole prompt in one pass
         verify_s += time.perf_counter() - t_start
     while L - P < max_new_tokens:
+        if max_steps is not None and len(per_round) == max_steps:
+            stop = "max_steps"
+            break
         kk = min(k, max_new_tokens - (L - P) - 1)  # a round emits up to kk+1 tokens: never past the budget
         t0 = time.perf_counter()
         x, q = proposer.propose(seq[:L], kk) if proposer is not None and kk > 0 else (empty, None)

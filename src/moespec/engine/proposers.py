@@ -87,13 +87,49 @@ class PromptLookup:
         pass
 
 
+FLAG_BLOCK = 256  # positions per block of the oracle's stratified draw (`stratified_uniforms`)
+
+
+def stratified_uniforms(n: int, generator: torch.Generator, block: int = FLAG_BLOCK) -> torch.Tensor:
+    """[n] draws, each exactly uniform on [0, 1), stratified in blocks of `block` positions.
+
+    In each block, position j gets (π(j) + U_j) / block for a random permutation π and independent
+    uniforms U: every position is marginally U(0, 1), and each block has exactly one draw in each
+    interval [i/block, (i+1)/block), so the share of draws below any a is a within 1/block. Two
+    positions of one block are dependent only through π: their indicators {u >= a} correlate by
+    -1/(block - 1) (sampling without replacement). Blocks are drawn in order from `generator`, so
+    the first n draws do not depend on how many more are drawn.
+    """
+    if n < 0 or block < 1:
+        raise ValueError(f"n={n} must be >= 0 and block={block} >= 1")
+    blocks = [(torch.randperm(block, generator=generator) + torch.rand(block, generator=generator)) / block
+              for _ in range(-(-n // block))]
+    return torch.cat(blocks)[:n] if blocks else torch.zeros(0)
+
+
 class OracleDraft:
     """The oracle draft: the target's own greedy token, corrupted with probability 1 - a.
 
     Following the cost-model paper (Sec. 4, App. D.2), each draft is the target's batch-one greedy
     token, replaced by another real-vocabulary id where a seeded draw marks it wrong (probability
-    1 - a, independently per position of the text). Under greedy verification draft i is then accepted iff drafts
-    1..i are unmarked, so acceptance is geometric at rate a, and proposing costs next to nothing.
+    1 - a). Under greedy verification draft i is then accepted iff drafts 1..i are unmarked, so
+    acceptance is geometric at rate a, and proposing costs next to nothing.
+
+    The draws are consumed in the order drafts are examined: a round takes draws until the first
+    wrong one (which greedy verification rejects, ending the round) or until its k drafts are
+    spent; drafts after a wrong one are never examined and take none. So every examined draft has
+    its own draw, and runs with the same seed share the sequence of outcomes at every k and a
+    (common random numbers: the nth examination is wrong at a exactly when u_n >= a). `offset`
+    starts the sequence later, so that several runs of one sweep cell read consecutive stretches of
+    one sequence; `examined` says how many draws a run took.
+
+    The sequence is stratified in blocks of 256 draws (`stratified_uniforms`): each draw is still
+    wrong with probability exactly 1 - a, but each block holds 256(1 - a) wrong draws to within
+    one, so a cell's realized acceptance does not wander with the luck of independent draws (at
+    a = 0.9 and ~300 examined drafts that luck alone moves G_a(8) by ~6%, more than the tolerance
+    of the sweep's speedup against G_a(k)V(0)/V(k)). The price is a correlation of -1/255 between
+    two draws of a block; tests/engine/test_oracle.py checks the run lengths against the geometric
+    law.
 
     The greedy tokens come from a reference continuation: in `begin`, before the clock starts, the
     oracle decodes the prompt greedily one token at a time on the target's own cache (then rolls the
@@ -107,13 +143,17 @@ class OracleDraft:
     not on k or a. After `begin`, `.reference` holds the one in use, to pass to the next oracle.
     """
 
-    def __init__(self, acceptance: float, seed: int = 0, reference: torch.Tensor | None = None):
+    def __init__(self, acceptance: float, seed: int = 0, reference: torch.Tensor | None = None, offset: int = 0):
         if not 0.0 <= acceptance <= 1.0:
             raise ValueError(f"OracleDraft acceptance must be in [0, 1], got {acceptance}")
+        if offset < 0:
+            raise ValueError(f"OracleDraft offset must be >= 0 draws, got {offset}")
         self.a = float(acceptance)
         self.seed = seed
+        self.offset = int(offset)
         self._given = reference
         self.reanchors = 0
+        self.examined = 0
         self._target: CachedModel | None = None
         self._ref: torch.Tensor = torch.zeros(0, dtype=torch.long)  # [P + max_new_tokens] prompt + greedy tokens
         self._end = 0
@@ -126,14 +166,13 @@ class OracleDraft:
             )
         self._target, self._sampler = target, sampler
         self._end = prompt.shape[0] + max_new_tokens
-        # One draw per position of the text, not per proposal: each position is examined at most once
-        # (greedy verification stops at the first wrong draft, and the next round starts after it), so
-        # flags stay independent with probability 1 - a; and runs with the same seed share them at
-        # every k and a (common random numbers), so a sweep compares k on the same luck.
-        gen = torch.Generator(device="cpu").manual_seed(self.seed)
-        self._u = torch.rand(self._end + 1, generator=gen)  # [P + max_new_tokens + 1]
-        self._shift = torch.randint(1, max(sampler.vocab_limit, 2), (self._end + 1,), generator=gen)
+        # a round takes at most one draw per token it emits, so max_new_tokens + 1 draws suffice
+        need = self.offset + max_new_tokens + 1
+        self._u = stratified_uniforms(need, torch.Generator(device="cpu").manual_seed(self.seed))[self.offset:]
+        gen = torch.Generator(device="cpu").manual_seed(self.seed + 1)
+        self._shift = torch.randint(1, max(sampler.vocab_limit, 2), (need,), generator=gen)[self.offset:]
         self.reanchors = 0
+        self.examined = 0
         ref, P = self._given, prompt.shape[0]
         if ref is not None and ref.shape[0] >= self._end and torch.equal(ref[:P], prompt):
             self._ref = ref[: self._end]
@@ -166,11 +205,17 @@ class OracleDraft:
         if L > self._ref.shape[0] or context[L - 1] != self._ref[L - 1]:
             self.reanchors += 1
             self._ref = self._greedy_from(context)
-        g = self._ref[L: L + k]  # [k'] the target's greedy tokens
+        g = self._ref[L: L + k].clone()  # [k'] the target's greedy tokens
         m = g.shape[0]
-        wrong = self._u[L: L + m] >= self.a  # [k'] marked with probability 1 - a
-        shift = self._shift[L: L + m]  # [k'] to any other real id
-        return torch.where(wrong, (g + shift) % self._sampler.vocab_limit, g), None
+        start = self.examined
+        wrong = (self._u[start: start + m] >= self.a).nonzero()
+        if wrong.numel():  # the first wrong draft ends the round: later drafts are never examined
+            j = int(wrong[0])
+            g[j] = (g[j] + self._shift[start + j]) % self._sampler.vocab_limit  # any other real id
+            self.examined += j + 1
+        else:
+            self.examined += m
+        return g, None
 
     def commit(self, keep: int) -> None:
         pass

@@ -24,7 +24,7 @@ class Stats:
     k: int
     prompt_tokens: int
     new_tokens: int
-    stop_reason: str  # "max_new_tokens" or "eos"
+    stop_reason: str  # "max_new_tokens", "eos" or "max_steps"
     tokens_per_round: tuple[int, ...]  # tokens committed by each round, [rounds]
     drafted_by_position: tuple[int, ...]  # [k] drafts proposed at position i
     reached_by_position: tuple[int, ...]  # [k] drafts at position i that the walk tested
