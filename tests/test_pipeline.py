@@ -5,7 +5,7 @@ import pytest
 from moespec import artifacts
 from moespec.pipeline import DemoConfig, run_demo
 
-STEPS = ("trace", "characterize", "measure-base", "predict", "measure-sweep", "score")
+STEPS = ("trace", "trace-verified", "characterize", "measure-base", "predict", "measure-sweep", "score")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """`moespec demo`: the whole chain of the cost-model paper on one model, resumable step by step.
 
-    trace → characterize → measure (base) → predict → measure (sweeps) → score → report
+    trace → trace of the verified text → characterize → measure (base) → predict → measure (sweeps)
+    → score → report
 
 Each step writes one artifact into the run folder and is skipped when that artifact exists, so a
 second run reuses finished work and an interrupted one resumes through the point logs that
@@ -25,6 +26,7 @@ from moespec.bench.prediction import SCORE_KIND, predict_all, score_all
 from moespec.bench.verify import DEDUP
 
 TRACES = "traces.parquet"
+VERIFIED = "verified.parquet"
 CHARACTERIZATION = "characterization.json"
 MEASUREMENT_BASE = "measurement-base.json"
 MEASUREMENT = "measurement.json"
@@ -45,10 +47,16 @@ class DemoConfig:
     # Both layers (the issue's 0,mid): the measured-time version of a layer that was not characterized
     # borrows the nearest layer's window times, and olmoe-shaped's two layers route with rho(2) 0.29
     # and 0.55, so one layer's times mispredicted the other's deduplicated verify time by up to 24%.
-    characterize: dict = field(default_factory=lambda: dict(layers=(0, "mid"), reps=3, u_points=3, windows=4))
-    # 2 prompts x 64 new tokens per oracle run and 5 verify repetitions: about 12 minutes in all on 2
-    # quiet cores; at 12 tokens a k = 8 run has 2 steps, and one prompt leaves τ_dedup(n) at one routing
-    measure: dict = field(default_factory=lambda: dict(new_tokens=64, prompts=2, reps=5, scaling_ns=tuple(range(1, 10))))
+    # The verify passes' own windows get 6 repetitions: there are only 2 per n (one per prompt), and
+    # the measured-time version averages them alone.
+    characterize: dict = field(default_factory=lambda: dict(layers=(0, "mid"), reps=3, u_points=3, windows=4,
+                                                            verified_reps=6))
+    # 2 prompts, 10 verify repetitions (one pass varies by +-15% on this shared 2-core machine, so
+    # the median of 10 still moves by ~4%); each oracle cell: 2 prompts x 3 runs of exactly 8 rounds
+    # (`sweep.oracle_budget`), the 3 runs spread over the sweep, so the machine's drift over
+    # minutes (10-20%) falls on every cell alike: about 13 minutes on 2 cores.
+    measure: dict = field(default_factory=lambda: dict(new_tokens=64, oracle_steps=8, oracle_reps=3, prompts=2,
+                                                       reps=10, scaling_ns=tuple(range(1, 10))))
     full: bool = False
     seed: int = 0
 
@@ -132,7 +140,8 @@ def run_demo(
         config = DemoConfig.full_protocol(model=model) if full else DemoConfig.demo(model=model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {name: out / name for name in (TRACES, CHARACTERIZATION, MEASUREMENT_BASE, MEASUREMENT, PREDICTION, SCORE)}
+    paths = {name: out / name
+             for name in (TRACES, VERIFIED, CHARACTERIZATION, MEASUREMENT_BASE, MEASUREMENT, PREDICTION, SCORE)}
     ran, seconds = [], {}
 
     def step(name: str, path: Path, work: Callable[[], None]) -> None:
@@ -157,8 +166,9 @@ def run_demo(
         return held[0], held[1]
 
     step("trace", paths[TRACES], lambda: _trace(*loaded(), config, paths[TRACES]))
+    step("trace-verified", paths[VERIFIED], lambda: _trace_verified(*loaded(), config, paths[VERIFIED]))
     step("characterize", paths[CHARACTERIZATION],
-         lambda: _characterize(loaded()[0], config, paths[TRACES], paths[CHARACTERIZATION], progress))
+         lambda: _characterize(loaded()[0], config, paths[TRACES], paths[VERIFIED], paths[CHARACTERIZATION], progress))
 
     def measure_base() -> None:
         phase1 = _measure_phase(config, paths[MEASUREMENT], base=True, progress=progress, loaded=loaded)
@@ -191,10 +201,22 @@ def _trace(net, tok, config: DemoConfig, path: Path) -> None:
     record_to_file(net, docs, path, model_spec=config.model, corpus=["moespec:data/corpus"])
 
 
-def _characterize(net, config: DemoConfig, traces: Path, path: Path, progress: bool) -> None:
+def _measure_config(config: DemoConfig):
+    from moespec.bench.measure import MeasureConfig
+
+    return MeasureConfig.full(**config.measure) if config.full else MeasureConfig.demo(**config.measure)
+
+
+def _trace_verified(net, tok, config: DemoConfig, path: Path) -> None:
+    from moespec.bench.verify import verified_routing
+
+    m = _measure_config(config)
+    verified_routing(net, tok, depths=m.depths, prompts=m.prompts, n_max=max(m.ns), model_spec=config.model).save(path)
+
+
+def _characterize(net, config: DemoConfig, traces: Path, verified: Path, path: Path, progress: bool) -> None:
     from moespec.bench.characterize import characterize
 
     knobs = dict(config.characterize)
-    if "n" not in knobs and "ns" in config.measure:
-        knobs["n"] = config.measure["ns"]
-    characterize(net, traces, out=path, progress=progress, seed=config.seed, **knobs)
+    knobs.setdefault("n", _measure_config(config).ns)
+    characterize(net, traces, verified=verified, out=path, progress=progress, seed=config.seed, **knobs)

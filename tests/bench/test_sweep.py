@@ -8,7 +8,7 @@ from moespec.bench.sweep import PrefilledTarget, SweepCell, oracle_points, run_d
 from moespec.bench.verify import DEDUP, KERNELS
 from moespec.engine.cached import CachedModel
 from moespec.engine.decode import generate
-from moespec.engine.proposers import PromptLookup
+from moespec.engine.proposers import OracleDraft, PromptLookup
 from moespec.models.synthetic import build
 from moespec.moe import registry
 
@@ -42,7 +42,7 @@ def test_oracle_sweep_invariants_and_resumption(tiny, tmp_path):
     path = tmp_path / "o.points.jsonl"
     grid = dict(depths=(16,), ks=(0, 3), acceptances=(0.5, 0.9), kernels=KERNELS, prompts=1, reps=1, new_tokens=32)
     total = oracle_points(**{k: v for k, v in grid.items() if k != "new_tokens"})
-    assert total == 6
+    assert total == 8  # k = 0 and 3 at each of two acceptances, two kernels
     calls = []
 
     def interrupt_after_three(key, resumed):
@@ -62,8 +62,8 @@ def test_oracle_sweep_invariants_and_resumption(tiny, tmp_path):
         for cell in entry["cells"]:
             assert cell["tokens"] == 32
             assert 1 <= cell["tokens_per_step"] <= cell["k"] + 1
-            if cell["k"] == 0:
-                assert cell["a"] is None and cell["tokens_per_step"] == 1
+            if cell["k"] == 0:  # each acceptance's block has its own plain run
+                assert cell["a"] in (0.5, 0.9) and cell["tokens_per_step"] == 1
                 continue
             assert cell["G"] == pytest.approx(sum(cell["a"] ** j for j in range(cell["k"] + 1)))
             # 32 tokens at k = 3 give >= 20 tested drafts; 0.25 is > 2 standard errors of the geometric
@@ -91,8 +91,32 @@ def test_oracle_order_runs_each_acceptance_as_one_block():
 
     grid = [0.2, 0.5, 0.9]
     order = _oracle_order(range(0, 5), grid)
-    assert order[0] == (0, None) and sorted(order[1:]) == sorted((k, a) for a in grid for k in range(1, 5))
-    for j, a in enumerate(grid):  # every k >= 1 of one a runs back to back
+    assert sorted(order) == sorted((k, a) for a in grid for k in range(0, 5))
+    for j, a in enumerate(grid):  # every k of one a, the baseline k = 0 included, runs back to back
         at = [i for i, (_, aa) in enumerate(order) if aa == a]
-        assert at == list(range(at[0], at[0] + 4))
-    assert [k for k, a in order if a == 0.5] == [4, 3, 2, 1]  # direction alternates, so drift averages over a
+        assert at == list(range(at[0], at[0] + 5))
+    assert [k for k, a in order if a == 0.5] == [4, 3, 2, 1, 0]  # direction alternates, so drift averages over a
+
+
+def test_round_budget_gives_every_cell_the_same_rounds_and_one_sequence_of_draws(tiny, tmp_path):
+    from moespec.bench.sweep import oracle_budget
+
+    assert oracle_budget(3, new_tokens=5, steps=None) == (5, None)
+    assert oracle_budget(3, new_tokens=5, steps=6) == (24, 6)  # room for 6 full rounds of k + 1 tokens
+    with pytest.raises(ValueError, match="steps"):
+        oracle_budget(1, new_tokens=5, steps=0)
+
+    model, tok = tiny
+    log, keys = PointLog(tmp_path / "r.points.jsonl"), []
+    (entry,) = run_oracle(model, tok, depths=(16,), ks=(0, 3), acceptances=(0.5, 0.9), kernels=(DEDUP,), prompts=2,
+                          reps=2, new_tokens=5, steps=6, log=log, on_point=lambda key, _: keys.append(key))
+    for cell in entry["cells"]:  # 2 prompts x 2 repetitions x 6 rounds, none cut short
+        assert cell["rounds"] == 24 and cell["runs"] == 4
+        assert cell["tokens"] == 24 if cell["k"] == 0 else 24 <= cell["tokens"] <= 96
+    # the four runs of one cell, in run order, realize the rounds of one 24-round run: their draws
+    # are consecutive stretches of one sequence (the rounds depend on the draws and k alone)
+    runs = [log.get(key)["stats"]["tokens_per_round"] for key in keys if key["k"] == 3 and key["a"] == 0.9]
+    assert len(runs) == 4
+    target = PrefilledTarget(model, torch.tensor(range(3, 19)))
+    one = generate(target, list(range(3, 19)), draft=OracleDraft(0.9, seed=0), k=3, max_new_tokens=96, max_steps=24)
+    assert sum(runs, []) == list(one.stats.tokens_per_round)

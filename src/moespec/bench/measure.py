@@ -41,6 +41,7 @@ class MeasureConfig:
     oracle_kernels: tuple[str, ...] = (verify.DEDUP,)
     oracle_reps: int = 1
     new_tokens: int = 12
+    oracle_steps: int | None = None  # each oracle run takes exactly this many rounds instead of new_tokens
     draft_ks: tuple[int, ...] = (1, 2, 4, 6, 8)
     temperature: float = 0.8
     seed: int = 0
@@ -54,6 +55,8 @@ class MeasureConfig:
             raise ValueError(
                 f"reps, oracle_reps and new_tokens must be >= 1, got {self.reps}, {self.oracle_reps}, {self.new_tokens}"
             )
+        if self.oracle_steps is not None and self.oracle_steps < 1:
+            raise ValueError(f"oracle_steps must be >= 1 rounds per run (or None), got {self.oracle_steps}")
         if any(d < 1 for d in self.depths) or not self.depths:
             raise ValueError(f"depths must be positive token counts, got {self.depths}")
         if any(not 0 <= a < 1 for a in self.acceptances):
@@ -168,7 +171,7 @@ def measure(
         sweep_common = dict(prompts=cfg.prompts, reps=cfg.oracle_reps, new_tokens=cfg.new_tokens, seed=cfg.seed,
                             log=log, on_point=tick)
         oracle = sweep.run_oracle(model, tokenizer, depths=cfg.depths, ks=cfg.ks, acceptances=cfg.acceptances,
-                                  kernels=cfg.oracle_kernels, **sweep_common)
+                                  kernels=cfg.oracle_kernels, steps=cfg.oracle_steps, **sweep_common)
         drafted = (
             sweep.run_draft(model, tokenizer, draft, draft_name=draft_name, depths=cfg.depths, ks=cfg.draft_ks,
                             temperature=cfg.temperature, **sweep_common)

@@ -3,7 +3,8 @@ real-draft K-sweep (engine paper, Sec. 5-6).
 
 Oracle sweep: `OracleDraft` proposes the target's greedy token, corrupted with probability 1 - a,
 so acceptance is geometric at rate a. At each draft length k = 0..8, acceptance a of the paper's
-grid and kernel, a run decodes `new_tokens` tokens from a prompt at depth d. Recorded: throughput,
+grid and kernel, a run decodes `new_tokens` tokens from a prompt at depth d, or, with `steps`,
+exactly `steps` rounds (`oracle_budget`). Recorded: throughput,
 the realized acceptance (accepted over tested drafts, the MLE of a), tokens per step against
 G_a(k) = 1 + a + ... + a^k, and h(k), the time per step outside the verify pass, so that
 V(k) = τ_p(k+1) + h(k) (Sec. 3.1).
@@ -258,20 +259,36 @@ class _Prompts:
         return self._targets[i]
 
 
+def oracle_budget(k: int, new_tokens: int, steps: int | None) -> tuple[int, int | None]:
+    """(max_new_tokens, max_steps) of one oracle run: `new_tokens`, or exactly `steps` rounds.
+
+    At a fixed token count a cell gets as many rounds as its tokens need: at 64 tokens a run at
+    a = 0.98, k = 8 takes 8 rounds, the last cut short by the budget, while one at a = 0.2 takes
+    51. A cell's throughput is a mean over its rounds, so its error follows the round count. With
+    `steps`, a run stops after exactly that many rounds, each drafting its full k (room is left for
+    steps * (k + 1) tokens): every cell gets the same number of rounds, none cut short.
+    """
+    if steps is None:
+        return new_tokens, None
+    if steps < 1:
+        raise ValueError(f"steps={steps} must be >= 1 rounds per run (or None for new_tokens)")
+    return steps * (k + 1), steps
+
+
 def oracle_points(*, depths, ks, acceptances, kernels, prompts: int, reps: int) -> int:
-    """How many runs `run_oracle` logs (k = 0 runs once, not once per a)."""
-    per_k = sum(len(acceptances) if k else 1 for k in ks)
-    return len(depths) * prompts * per_k * len(kernels) * reps
+    """How many runs `run_oracle` logs: one per (k, a), k = 0 included, per prompt, kernel and repetition."""
+    return len(depths) * prompts * len(ks) * len(acceptances) * len(kernels) * reps
 
 
-def _oracle_order(ks: Sequence[int], acceptances: Sequence[float]) -> list[tuple[int, float | None]]:
-    """(k, a) in the order they run on one prompt: k = 0 first (it does not depend on a), then for
-    each a every k >= 1 back to back, ascending and descending in turn. k*(a) compares runs at one a,
-    so those run within a minute of each other rather than one k's eleven runs apart."""
-    order = [(0, None)] if 0 in ks else []
-    drafting = [k for k in ks if k]
+def _oracle_order(ks: Sequence[int], acceptances: Sequence[float]) -> list[tuple[int, float]]:
+    """(k, a) in the order they run on one prompt: for each a, every k back to back, ascending and
+    descending in turn. k*(a) and the speedup over k = 0 compare runs at one a, so those run within
+    a minute of each other: on a shared machine whose speed drifts by 10-20% over minutes, a k = 0
+    run made once at the start set every speedup of the sweep by that moment's speed. k = 0 does not
+    use the oracle; its run at each a is that block's baseline."""
+    order: list[tuple[int, float]] = []
     for j, a in enumerate(acceptances):
-        order += [(k, a) for k in (drafting if j % 2 == 0 else drafting[::-1])]
+        order += [(k, a) for k in (ks if j % 2 == 0 else ks[::-1])]
     return order
 
 
@@ -286,6 +303,7 @@ def run_oracle(
     prompts: int = 6,
     reps: int = 1,
     new_tokens: int = 256,
+    steps: int | None = None,
     seed: int = 0,
     log=None,
     on_point: OnPoint | None = None,
@@ -293,40 +311,55 @@ def run_oracle(
     """The oracle sweep; one entry per (kernel, depth) with a cell per (k, a), h(k) and V(k).
 
     Kernels alternate innermost, run by run, so drift falls on both alike; at each a the draft
-    lengths run back to back (`_oracle_order`). Greedy decoding; the oracle's corruption flags are
-    seeded by (seed, prompt, repetition).
+    lengths, k = 0 included, run back to back (`_oracle_order`); repetitions are the outer loop, so
+    a cell's runs spread over the whole sweep. steps: every run takes exactly that many rounds
+    (`oracle_budget`) instead of decoding `new_tokens`. Greedy decoding. The oracle's draws form one
+    seeded sequence per sweep: a cell's runs (prompts x repetitions, in run order) read consecutive
+    stretches of it (`OracleDraft` offset), so each cell's examined drafts are one stratified
+    stretch, and every cell starts on the same draws (common random numbers across k and a).
     """
     ks = sorted(set(int(k) for k in ks))
     runs: dict[tuple, list[dict]] = {}
     references: dict[tuple[int, int], torch.Tensor] = {}  # (depth, prompt) -> greedy reference, shared by every oracle
+    order = _oracle_order(ks, acceptances)
+    longest = max(oracle_budget(k, new_tokens, steps)[0] for k in ks)
     for depth in depths:
         cache = _Prompts(model, tokenizer, depth, prompts)
-        for i in range(prompts):
-            for rep in range(reps):
-                for k, a in _oracle_order(ks, acceptances):
+        for rep in range(reps):
+            for i in range(prompts):
+                for k, a in order:
                     for kernel in kernels:
+                        tokens, rounds = oracle_budget(k, new_tokens, steps)
                         key = {"part": "oracle", "kernel": kernel, "depth": depth, "prompt": i, "k": k,
-                               "a": a, "rep": rep, "new_tokens": new_tokens, "seed": seed}
+                               "a": a, "rep": rep, "new_tokens": tokens, "seed": seed,
+                               **({"steps": rounds} if rounds else {})}
+                        cell = runs.setdefault((kernel, depth, k, a), [])
+                        offset = sum(r.get("examined", 0) for r in cell)  # where this cell's draws stopped
 
-                        def run(i=i, k=k, a=a, rep=rep, kernel=kernel):
+                        def run(i=i, k=k, a=a, kernel=kernel, tokens=tokens, rounds=rounds, offset=offset):
                             target = cache.target(i)
                             _switch(model, kernel)
-                            oracle = (OracleDraft(a, seed=seed + 7919 * i + 104729 * rep,
-                                                  reference=references.get((depth, i))) if k else None)
+                            if k and (depth, i) not in references:  # untimed: the greedy text, once per prompt
+                                greedy = generate(target, cache.ids[i], k=0, temperature=0.0, max_new_tokens=longest,
+                                                  vocab_limit=_vocab_limit(tokenizer)).tokens
+                                references[(depth, i)] = torch.as_tensor(list(cache.ids[i]) + greedy, dtype=torch.long)
+                            oracle = (OracleDraft(a, seed=seed, reference=references.get((depth, i)), offset=offset)
+                                      if k else None)
                             result = generate(target, cache.ids[i], draft=oracle, k=k, temperature=0.0,
-                                              max_new_tokens=new_tokens, seed=seed + i,
+                                              max_new_tokens=tokens, max_steps=rounds, seed=seed + i,
                                               vocab_limit=_vocab_limit(tokenizer))
-                            if oracle is not None:
-                                references.setdefault((depth, i), oracle.reference)
-                            return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0})
+                            if oracle is not None and oracle.reference.shape[0] > references[(depth, i)].shape[0]:
+                                references[(depth, i)] = oracle.reference  # re-anchored past the greedy text
+                            return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0,
+                                                                      "examined": oracle.examined if oracle else 0})
 
-                        runs.setdefault((kernel, depth, k, a), []).append(_logged(log, key, run, on_point))
+                        cell.append(_logged(log, key, run, on_point))
     out = []
     for kernel in kernels:
         for depth in depths:
             cells = []
             for k in ks:
-                for a in acceptances if k else [None]:
+                for a in acceptances:
                     cells.append(SweepCell.pool(k, a, runs[(kernel, depth, k, a)]).to_dict())
             at_k = {k: SweepCell.pool(k, None, [r for (p, d, kk, _), rs in runs.items()
                                                 if (p, d, kk) == (kernel, depth, k) for r in rs]) for k in ks}

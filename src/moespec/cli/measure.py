@@ -22,6 +22,10 @@ def measure_command(
     reps: Optional[int] = typer.Option(None, "--reps", help="repetitions of each verify pass"),
     prompts: Optional[int] = typer.Option(None, "--prompts", help="built-in prompts to use (1..6)"),
     new_tokens: Optional[int] = typer.Option(None, "--new-tokens", help="tokens generated per sweep run"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="each oracle run takes exactly this many rounds "
+                                        "(verify steps) instead of decoding --new-tokens"),
+    oracle_reps: Optional[int] = typer.Option(None, "--oracle-reps", help="runs of each oracle cell per prompt, "
+                                              "spread over the sweep"),
     k: Optional[list[int]] = typer.Option(None, "--k", help="draft length of the oracle sweep (repeatable)"),
     acceptance: Optional[list[float]] = typer.Option(None, "--acceptance", help="oracle acceptance a (repeatable)"),
     n_max: Optional[int] = typer.Option(None, "--n-max", help="largest verify pass size n (default 9)"),
@@ -33,7 +37,8 @@ def measure_command(
     """Measure τ_p(n), S(n), the scaling curve, h(k) and the oracle (and draft) sweeps; resumable."""
     from moespec.bench.measure import measure
 
-    knobs = dict(depths=depth or None, reps=reps, prompts=prompts, new_tokens=new_tokens, ks=k or None,
+    knobs = dict(depths=depth or None, reps=reps, prompts=prompts, new_tokens=new_tokens, oracle_steps=steps,
+                 oracle_reps=oracle_reps, ks=k or None,
                  acceptances=acceptance or None, ns=range(1, n_max + 1) if n_max else None,
                  scaling_ns=range(1, scaling_n_max + 1) if scaling_n_max is not None else None)
     knobs = {name: value for name, value in knobs.items() if value is not None}

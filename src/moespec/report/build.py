@@ -45,12 +45,13 @@ def _first(d: dict, *names: str):
 
 
 def _best(measurement: dict, depth: int) -> tuple[float, int, float] | None:
-    """(best measured speedup over k = 0, its k, its a) in the dedup oracle sweep at `depth`."""
+    """(best measured speedup over k = 0 at the same a, its k, its a) in the oracle sweep at `depth`."""
     for e in measurement.get("oracle", []):
         if int(e["depth"]) == depth:
-            base = next(c["throughput"] for c in e["cells"] if c["k"] == 0)
-            c = max(e["cells"], key=lambda c: c["throughput"] / base)
-            return c["throughput"] / base, c["k"], c["a"]
+            zero = {c["a"]: c["throughput"] for c in e["cells"] if c["k"] == 0}
+            base = lambda c: zero.get(c["a"], zero.get(None))  # noqa: E731  (one k = 0 cell in older sweeps)
+            c = max((c for c in e["cells"] if base(c)), key=lambda c: c["throughput"] / base(c))
+            return c["throughput"] / base(c), c["k"], c["a"]
     return None
 
 
