@@ -89,6 +89,8 @@ def summary_text(run: dict[str, Any]) -> str:
             for version, sv in s_entry["versions"].items():
                 lines.append(f"  k̂* {version[:10]:10s}" + " ".join(f"{k:5d}" for k in sv["k_star_predicted"]))
             lines.append("  k* measured   " + " ".join(f"{k:5d}" for k in s["k_star_measured"]))
+            # measured only, the same for every version: the best k's speedup over G_a(k)V(0)/V(k)
+            lines.append("  gap at k* %   " + " ".join(f"{100 * g:+5.1f}" for g in s["oracle_gap"]))
             for version, sv in s_entry["versions"].items():
                 within = sum(abs(p - m) <= 1 for p, m in zip(sv["k_star_predicted"], sv["k_star_measured"]))
                 verdicts = "".join(f"\n    {'pass' if r['passed'] else 'FAIL'}  {r['name']} ({r['value']:.4g})"
