@@ -343,13 +343,10 @@ def run_oracle(
                                 greedy = generate(target, cache.ids[i], k=0, temperature=0.0, max_new_tokens=longest,
                                                   vocab_limit=_vocab_limit(tokenizer)).tokens
                                 references[(depth, i)] = torch.as_tensor(list(cache.ids[i]) + greedy, dtype=torch.long)
-                            oracle = (OracleDraft(a, seed=seed, reference=references.get((depth, i)), offset=offset)
-                                      if k else None)
+                            oracle = OracleDraft(a, seed=seed, reference=references[(depth, i)], offset=offset) if k else None
                             result = generate(target, cache.ids[i], draft=oracle, k=k, temperature=0.0,
                                               max_new_tokens=tokens, max_steps=rounds, seed=seed + i,
                                               vocab_limit=_vocab_limit(tokenizer))
-                            if oracle is not None and oracle.reference.shape[0] > references[(depth, i)].shape[0]:
-                                references[(depth, i)] = oracle.reference  # re-anchored past the greedy text
                             return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0,
                                                                       "examined": oracle.examined if oracle else 0})
 
