@@ -343,7 +343,8 @@ def run_oracle(
                                 greedy = generate(target, cache.ids[i], k=0, temperature=0.0, max_new_tokens=longest,
                                                   vocab_limit=_vocab_limit(tokenizer)).tokens
                                 references[(depth, i)] = torch.as_tensor(list(cache.ids[i]) + greedy, dtype=torch.long)
-                            oracle = OracleDraft(a, seed=seed, reference=references[(depth, i)], offset=offset) if k else None
+                            ref = references.get((depth, i))
+                            oracle = OracleDraft(a, seed=seed, reference=ref, offset=offset) if k else None
                             result = generate(target, cache.ids[i], draft=oracle, k=k, temperature=0.0,
                                               max_new_tokens=tokens, max_steps=rounds, seed=seed + i,
                                               vocab_limit=_vocab_limit(tokenizer))
