@@ -204,7 +204,7 @@ def _trace(net, tok, config: DemoConfig, path: Path) -> None:
 def _measure_config(config: DemoConfig):
     from moespec.bench.measure import MeasureConfig
 
-    return MeasureConfig.full(**config.measure) if config.full else MeasureConfig.demo(**config.measure)
+    return MeasureConfig.preset(config.full, **config.measure)
 
 
 def _trace_verified(net, tok, config: DemoConfig, path: Path) -> None:

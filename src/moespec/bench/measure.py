@@ -71,6 +71,11 @@ class MeasureConfig:
         paper = dict(depths=(512, 4096), prompts=6, reps=5, new_tokens=256, oracle_kernels=verify.KERNELS)
         return cls(**{**paper, **overrides})
 
+    @classmethod
+    def preset(cls, full: bool, **overrides) -> "MeasureConfig":
+        """The paper's protocol (`full`) or the demo-sized one, with `overrides` on top."""
+        return cls.full(**overrides) if full else cls.demo(**overrides)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -136,7 +141,7 @@ def measure(
     unknown = set(knobs) - set(MeasureConfig.__dataclass_fields__)
     if unknown:
         raise TypeError(f"unknown measure knobs {sorted(unknown)}; known: {sorted(MeasureConfig.__dataclass_fields__)}")
-    cfg = MeasureConfig.full(**knobs) if full else MeasureConfig.demo(**knobs)
+    cfg = MeasureConfig.preset(full, **knobs)
     registry.register()
     model, tokenizer = loaded if loaded is not None else load(model_spec, seed=cfg.seed, layers=layers)
     draft, draft_name = _draft(draft_spec, prompt_lookup, cfg.seed)
