@@ -74,6 +74,33 @@ def test_oracle_sweep_invariants_and_resumption(tiny, tmp_path):
     assert back.throughput == pytest.approx(out[0]["cells"][1]["throughput"])
 
 
+def _run(rounds: list[int], times: list[float]) -> dict:
+    stats = {"new_tokens": sum(rounds), "total_s": sum(times), "tokens_per_round": rounds, "round_s": times,
+             "verify_s": 0.0, "draft_s": 0.0, "sampling_s": 0.0, "ttft_s": times[0], "peak_rss_bytes": 1,
+             "drafted_by_position": [0], "reached_by_position": [0], "accepted_by_position": [0]}
+    return {"stats": stats, "prefill_s": 0.0}
+
+
+def test_a_cells_step_time_is_the_median_of_its_steps_each_runs_first_round_left_out():
+    # the first round's pass is short (the prefill gave its first row): at 1 ms it would pull a mean
+    # of these rounds down; one slow step (90 ms) would pull it up; the median of the steps sees neither
+    runs = [_run([2, 3, 1, 2], [0.001, 0.010, 0.012, 0.090]), _run([4, 1, 2], [0.001, 0.011, 0.013])]
+    cell = SweepCell.pool(1, 0.5, runs)
+    assert cell.rounds == 7 and cell.steps == 5 and cell.tokens == 15
+    assert cell.step_s == pytest.approx(0.012)  # median of 10, 12, 90, 11, 13 ms
+    assert cell.step_tokens == pytest.approx((3 + 1 + 2 + 1 + 2) / 5)
+    assert cell.step_throughput == pytest.approx(1.8 / 0.012)
+    assert cell.throughput == pytest.approx(15 / 0.138)  # the engine paper's: every round, wall clock
+    for r in runs:  # runs whose prompt's last token was fed by their first round: every round is a step
+        r["prefill_last"] = False
+    steady = SweepCell.pool(1, 0.5, runs)
+    assert steady.steps == 7 and steady.step_s == pytest.approx(0.011)  # median of 1, 10, 12, 90, 1, 11, 13 ms
+    stale = _run([1, 1], [0.01, 0.01])
+    del stale["stats"]["round_s"]
+    with pytest.raises(ValueError, match="older moespec"):
+        SweepCell.pool(1, 0.5, [stale])
+
+
 def test_draft_sweep_reports_the_engine_paper_figures(tiny):
     model, tok = tiny
     (entry,) = run_draft(model, tok, PromptLookup(2), draft_name="prompt-lookup:2", depths=(32,), ks=(2,),
@@ -102,7 +129,7 @@ def test_round_budget_gives_every_cell_the_same_rounds_and_one_sequence_of_draws
     from moespec.bench.sweep import oracle_budget
 
     assert oracle_budget(3, new_tokens=5, steps=None) == (5, None)
-    assert oracle_budget(3, new_tokens=5, steps=6) == (24, 6)  # room for 6 full rounds of k + 1 tokens
+    assert oracle_budget(3, new_tokens=5, steps=6) == (24, 6)  # room for 6 full steps of k + 1 tokens
     with pytest.raises(ValueError, match="steps"):
         oracle_budget(1, new_tokens=5, steps=0)
 
@@ -110,13 +137,14 @@ def test_round_budget_gives_every_cell_the_same_rounds_and_one_sequence_of_draws
     log, keys = PointLog(tmp_path / "r.points.jsonl"), []
     (entry,) = run_oracle(model, tok, depths=(16,), ks=(0, 3), acceptances=(0.5, 0.9), kernels=(DEDUP,), prompts=2,
                           reps=2, new_tokens=5, steps=6, log=log, on_point=lambda key, _: keys.append(key))
-    for cell in entry["cells"]:  # 2 prompts x 2 repetitions x 6 rounds, none cut short
-        assert cell["rounds"] == 24 and cell["runs"] == 4
+    for cell in entry["cells"]:  # 2 prompts x 2 repetitions x 6 steps, none cut short, each a step
+        assert cell["rounds"] == cell["steps"] == 24 and cell["runs"] == 4
         assert cell["tokens"] == 24 if cell["k"] == 0 else 24 <= cell["tokens"] <= 96
     # the four runs of one cell, in run order, realize the rounds of one 24-round run: their draws
     # are consecutive stretches of one sequence (the rounds depend on the draws and k alone)
     runs = [log.get(key)["stats"]["tokens_per_round"] for key in keys if key["k"] == 3 and key["a"] == 0.9]
     assert len(runs) == 4
-    target = PrefilledTarget(model, torch.tensor(range(3, 19)))
-    one = generate(target, list(range(3, 19)), draft=OracleDraft(0.9, seed=0), k=3, max_new_tokens=96, max_steps=24)
+    target = PrefilledTarget(model, torch.tensor(range(3, 18)))
+    one = generate(target, list(range(3, 19)), draft=OracleDraft(0.9, seed=0), k=3, max_new_tokens=96, max_steps=24,
+                   prefill_last=False)
     assert sum(runs, []) == list(one.stats.tokens_per_round)

@@ -32,3 +32,18 @@ def test_measure_rejects_two_drafts(tmp_path):
     result = CliRunner().invoke(app, ["measure", "--model", "synthetic:olmoe-tiny", "--draft", "synthetic:dense-tiny",
                                       "--prompt-lookup", "2", "--out", str(tmp_path / "m.json")])
     assert result.exit_code != 0
+
+
+def test_the_scaling_curve_is_read_from_the_verify_passes_that_hold_it(tmp_path):
+    from moespec.bench.measure import measure
+
+    seen = []
+    out = tmp_path / "m.json"
+    payload = measure("synthetic:olmoe-tiny", out=out, progress=False, depths=(16,), ns=(1, 2, 3), reps=2,
+                      scaling_ns=(2, 3), ks=(0,), acceptances=(0.5,), new_tokens=2, flush=False,
+                      on_point=lambda key, _: seen.append(key["part"]))
+    assert "scaling" not in seen  # no pass timed twice
+    curve, verify = payload["scaling"][0], payload["verify"][0]
+    assert curve["kernel"] == "moespec_dedup" and sorted(curve["samples"]) == ["1", "2", "3"]
+    for n in ("1", "2", "3"):
+        assert curve["samples"][n] == verify["samples"]["moespec_dedup"][n]

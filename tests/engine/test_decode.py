@@ -37,6 +37,37 @@ def test_greedy_speculative_equals_transformers_generate(name, dense):
         out = generate(target, prompt, draft=draft, k=3, max_new_tokens=NEW, vocab_limit=REAL)
         assert out.tokens == expected, (name, type(draft).__name__)
     assert generate(target, prompt, k=0, max_new_tokens=NEW, vocab_limit=REAL).tokens == expected
+    # the prompt's last token fed by the first round instead of the prefill: the same tokens
+    late = generate(target, prompt, draft=OracleDraft(0.8, seed=3), k=3, max_new_tokens=NEW, vocab_limit=REAL,
+                    prefill_last=False)
+    assert late.tokens == expected, name
+
+
+class _Passes(CachedModel):
+    """A CachedModel that records how many tokens each pass feeds."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.sizes: list[int] = []
+
+    def extend(self, tokens):
+        self.sizes.append(int(tokens.shape[-1]))
+        return super().extend(tokens)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_without_the_prefills_last_row_every_round_verifies_k_plus_one_tokens(olmoe, dense, k):
+    prompt = list(range(40, 52))
+    passes = {}
+    for prefill_last in (True, False):
+        target = _Passes(olmoe)
+        out = generate(target, prompt, draft=dense if k else None, k=k, max_new_tokens=5 * (k + 1),
+                       max_steps=5, vocab_limit=REAL, prefill_last=prefill_last)
+        assert out.stats.rounds == 5
+        passes[prefill_last] = target.sizes
+    # the first round reads its first row from the prefill: it feeds the k drafts, at k = 0 nothing
+    assert passes[True] == [12] + ([k] if k else []) + [k + 1] * 4
+    assert passes[False] == [11] + [k + 1] * 5
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +134,8 @@ def test_stats_round_trip_and_padding_never_sampled(olmoe, dense):
     s = out.stats
     assert sum(s.tokens_per_round) == 30 and s.drafted == sum(s.drafted_by_position)
     assert 0 < s.forward_s <= s.total_s and s.ttft_s <= s.total_s and s.peak_rss_bytes > 0
+    assert len(s.round_s) == s.rounds and all(t > 0 for t in s.round_s)
+    assert sum(s.round_s) <= s.total_s  # the rounds leave out the prefill
     again = type(out).from_dict(out.to_dict())
     assert again == out
     same_seed = generate(olmoe, [256, 65], draft=dense, k=4, temperature=1.5, max_new_tokens=30, seed=5, vocab_limit=REAL)

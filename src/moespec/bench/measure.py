@@ -2,7 +2,8 @@
 Sec. 4 and App. D; engine paper Sec. 5-6), written as the "measure" artifact.
 
 In order: verify times τ_p(n) with each kernel at each depth, with S(n) and its bootstrap interval
-and τ_meas(1); the verify-batch scaling curve; the oracle sweep over k x a with each kernel (h(k),
+and τ_meas(1); the verify-batch scaling curve (read from the verify times where they hold its
+passes, n <= 9 with the deduplicating kernel); the oracle sweep over k x a with each kernel (h(k),
 V(k), realized acceptance, tokens per step against G_a(k)); with a draft, the real-draft K-sweep.
 Every finished point goes to `<out stem>.points.jsonl` beside the artifact at once, so a rerun of
 the same command resumes where an interruption stopped it.
@@ -61,6 +62,13 @@ class MeasureConfig:
             raise ValueError(f"depths must be positive token counts, got {self.depths}")
         if any(not 0 <= a < 1 for a in self.acceptances):
             raise ValueError(f"acceptances must lie in [0, 1), got {self.acceptances}")
+
+    @property
+    def scaling_from_verify(self) -> bool:
+        """Whether the verify times already hold every pass of the scaling curve (same depth, kernel
+        and n), so that the curve is read from them instead of timed twice."""
+        ns = set(self.scaling_ns) | {1}
+        return bool(self.scaling_ns) and self.scaling_kernel in self.kernels and ns <= set(self.ns)
 
     @classmethod
     def demo(cls, **overrides) -> "MeasureConfig":
@@ -151,7 +159,7 @@ def measure(
 
     total = (
         verify.verify_points(cfg.depths, cfg.prompts)
-        + (cfg.prompts if cfg.scaling_ns else 0)
+        + (cfg.prompts if cfg.scaling_ns and not cfg.scaling_from_verify else 0)
         + sweep.oracle_points(depths=cfg.depths, ks=cfg.ks, acceptances=cfg.acceptances,
                               kernels=cfg.oracle_kernels, prompts=cfg.prompts, reps=cfg.oracle_reps)
         + (sweep.draft_points(depths=cfg.depths, ks=cfg.draft_ks, prompts=cfg.prompts, reps=cfg.oracle_reps)
@@ -168,11 +176,14 @@ def measure(
         common = dict(prompts=cfg.prompts, flush=flush, log=log, on_point=tick)
         verify_times = verify.run_verify(model, tokenizer, depths=cfg.depths, ns=cfg.ns, kernels=cfg.kernels,
                                          reps=cfg.reps, **common)
-        scaling = (
-            [verify.run_scaling(model, tokenizer, depth=cfg.depths[0], ns=cfg.scaling_ns, kernel=cfg.scaling_kernel,
-                                reps=cfg.reps, **common).to_dict()]
-            if cfg.scaling_ns else []
-        )
+        if cfg.scaling_from_verify:
+            first = verify_times[0].samples[cfg.scaling_kernel]
+            curve = verify.ScalingCurve(cfg.depths[0], cfg.scaling_kernel,
+                                        {n: first[n] for n in sorted(set(cfg.scaling_ns) | {1})})
+        elif cfg.scaling_ns:
+            curve = verify.run_scaling(model, tokenizer, depth=cfg.depths[0], ns=cfg.scaling_ns,
+                                       kernel=cfg.scaling_kernel, reps=cfg.reps, **common)
+        scaling = [curve.to_dict()] if cfg.scaling_ns else []
         sweep_common = dict(prompts=cfg.prompts, reps=cfg.oracle_reps, new_tokens=cfg.new_tokens, seed=cfg.seed,
                             log=log, on_point=tick)
         oracle = sweep.run_oracle(model, tokenizer, depths=cfg.depths, ks=cfg.ks, acceptances=cfg.acceptances,

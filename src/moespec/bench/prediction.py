@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from moespec import artifacts
+from moespec.bench.sweep import cell_throughput
 from moespec.bench.verify import DEDUP, SLOT, verified_depth
 from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS, Prediction, predict, window_times
@@ -273,7 +274,7 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
             c = cells.get((k, round(float(a), 6))) or (cells.get((0, None)) if k == 0 else None)
             if c is None:
                 raise ValueError(f"the oracle sweep lacks k={k}, a={a}; sweep k = 0..{ks[-1]} at every a of the grid")
-            row.append(float(c["throughput"]))
+            row.append(cell_throughput(c))
         T.append(row)
     savings = {int(s["n"]): s for s in v["saving"]}
     return score(

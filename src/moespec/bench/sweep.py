@@ -4,10 +4,13 @@ real-draft K-sweep (engine paper, Sec. 5-6).
 Oracle sweep: `OracleDraft` proposes the target's greedy token, corrupted with probability 1 - a,
 so acceptance is geometric at rate a. At each draft length k = 0..8, acceptance a of the paper's
 grid and kernel, a run decodes `new_tokens` tokens from a prompt at depth d, or, with `steps`,
-exactly `steps` rounds (`oracle_budget`). Recorded: throughput,
-the realized acceptance (accepted over tested drafts, the MLE of a), tokens per step against
-G_a(k) = 1 + a + ... + a^k, and h(k), the time per step outside the verify pass, so that
-V(k) = τ_p(k+1) + h(k) (Sec. 3.1).
+exactly `steps` steps (`oracle_budget`). Every round is a step: the prompt's last token is fed by
+the first round, not the prefill (`generate(prefill_last=False)`), so every pass verifies k + 1
+tokens. Recorded: the step time V(k) (the median time of the steps), tokens per step against
+G_a(k) = 1 + a + ... + a^k and the
+throughput T_a(k) = G/V they give (Sec. 1), the realized acceptance (accepted over tested drafts,
+the MLE of a), and h(k), the time per step outside the verify pass, so that V(k) = τ_p(k+1) + h(k)
+(Sec. 3.1).
 
 Real-draft sweep: with a `DraftModel` or `PromptLookup`, the K-sweep of throughput, pooled
 acceptance and acceptance by position, TTFT, the draft / verify / sampling / other split, peak
@@ -120,8 +123,15 @@ def _by_position(runs: Sequence[dict], name: str, k: int) -> np.ndarray:
 class SweepCell:
     """Pooled figures of the runs of one sweep cell (prompts x repetitions).
 
-    Throughput is pooled: all new tokens over all decoding time; `throughput_std` is the spread of
-    the per-run figures (engine paper: mean +/- std over prompts).
+    `throughput` is the engine paper's (Sec. 5): all new tokens over all decoding time, each run's
+    first round included; `throughput_std` is the spread of the per-run figures (mean +/- std over
+    prompts). `step_throughput` is the cost-model paper's T_a(k) = G/V (Sec. 1): the tokens of a step
+    over the step time V(k), the median time of the steps. A step is every round of a run made with
+    `generate(prefill_last=False)` (its "prefill_last" record False), else every round but the
+    first, whose pass verifies only k tokens, the prefill having given its first row (at k = 0 it
+    runs no model at all).
+    A step's pass has k + 1 tokens whatever is accepted, so the spread of step times is the
+    machine's, and the median reads through it as the verify times' medians do (`bench.verify`).
     """
 
     k: int
@@ -134,6 +144,9 @@ class SweepCell:
     draft_s: float
     sampling_s: float
     throughput_std: float
+    steps: int  # the rounds that are steps (`pool`)
+    step_s: float  # V(k): median time of the steps
+    step_tokens: float  # mean tokens committed per step
     acceptance: float  # pooled: accepted / drafted
     realized_acceptance: float  # accepted / tested, the geometric MLE of a
     acceptance_by_position: tuple[float, ...]  # [k] accepted / drafted at position i
@@ -147,17 +160,17 @@ class SweepCell:
 
     @property
     def tokens_per_step(self) -> float:
-        return self.tokens / self.rounds if self.rounds else float("nan")
+        return self.step_tokens
+
+    @property
+    def step_throughput(self) -> float:
+        """T_a(k) = G/V: tokens per step over the median step time (cost-model paper, Sec. 1)."""
+        return self.step_tokens / self.step_s if self.step_s > 0 else float("nan")
 
     @property
     def G(self) -> float | None:
         """G_a(k) = 1 + a + ... + a^k, the expected tokens per step under geometric acceptance."""
         return float(expected_tokens(self.a, self.k)) if self.a is not None else None
-
-    @property
-    def step_s(self) -> float:
-        """V(k): wall time per step."""
-        return self.total_s / self.rounds if self.rounds else float("nan")
 
     @property
     def h(self) -> float:
@@ -184,6 +197,12 @@ class SweepCell:
         accepted = _by_position(runs, "accepted_by_position", k)
         reached = _by_position(runs, "reached_by_position", k)
         per_run = [r["stats"]["new_tokens"] / r["stats"]["total_s"] for r in runs if r["stats"]["total_s"] > 0]
+        if any("round_s" not in r["stats"] for r in runs):
+            raise ValueError(f"runs at k={k}, a={a} lack per-round times: their point log was written by an "
+                             "older moespec; delete it (or use a new --out-dir) to measure again")
+        skip = [int(r.get("prefill_last", True)) for r in runs]  # the first round is no step
+        times = [t for r, j in zip(runs, skip) for t in r["stats"]["round_s"][j:]]
+        tokens = [n for r, j in zip(runs, skip) for n in r["stats"]["tokens_per_round"][j:]]
         return cls(
             k=k,
             a=a,
@@ -195,6 +214,9 @@ class SweepCell:
             draft_s=_sum(runs, "draft_s"),
             sampling_s=_sum(runs, "sampling_s"),
             throughput_std=float(np.std(per_run)) if per_run else float("nan"),
+            steps=len(times),
+            step_s=float(np.median(times)) if times else float("nan"),
+            step_tokens=float(np.mean(tokens)) if tokens else float("nan"),
             acceptance=float(accepted.sum() / drafted.sum()) if drafted.sum() else float("nan"),
             realized_acceptance=float(accepted.sum() / reached.sum()) if reached.sum() else float("nan"),
             acceptance_by_position=tuple(float(x / d) if d else float("nan") for x, d in zip(accepted, drafted)),
@@ -212,6 +234,9 @@ class SweepCell:
             "rounds": self.rounds,
             "throughput": self.throughput,
             "throughput_std": self.throughput_std,
+            "step_throughput": self.step_throughput,
+            "steps": self.steps,
+            "step_tokens": self.step_tokens,
             "tokens_per_step": self.tokens_per_step,
             "G": self.G,
             "acceptance": self.acceptance,
@@ -235,6 +260,12 @@ class SweepCell:
         return cls(**{n: tuple(d[n]) if isinstance(d[n], list) else d[n] for n in names})
 
 
+def cell_throughput(cell: dict[str, Any]) -> float:
+    """The throughput a cell's speedups are scored on: T_a(k) = G/V (`SweepCell.step_throughput`);
+    the wall-clock figure for a sweep written before cells had one."""
+    return float(cell.get("step_throughput", cell["throughput"]))
+
+
 def _vocab_limit(tokenizer) -> int | None:
     return len(tokenizer) if hasattr(tokenizer, "__len__") else None
 
@@ -247,31 +278,33 @@ def _switch(model, kernel: str | None) -> None:
 class _Prompts:
     """Prompts at one depth, each prefilled on first use only (a resumed sweep may need none)."""
 
-    def __init__(self, model, tokenizer, depth: int, count: int):
+    def __init__(self, model, tokenizer, depth: int, count: int, prefill_last: bool = True):
         self.model, self.ids = model, prompt_ids(tokenizer, depth, count)
+        self.prefill_last = prefill_last  # False: the targets hold all but the last token (its pass is a round's)
         self._targets: dict[int, PrefilledTarget] = {}
 
     def target(self, i: int) -> PrefilledTarget:
         if i not in self._targets:
             self._targets.clear()  # one prompt's cache at a time
             avoid_slot_prefill(self.model)
-            self._targets[i] = PrefilledTarget(self.model, torch.tensor(self.ids[i]))
+            held = self.ids[i] if self.prefill_last else self.ids[i][:-1]
+            self._targets[i] = PrefilledTarget(self.model, torch.tensor(held))
         return self._targets[i]
 
 
 def oracle_budget(k: int, new_tokens: int, steps: int | None) -> tuple[int, int | None]:
-    """(max_new_tokens, max_steps) of one oracle run: `new_tokens`, or exactly `steps` rounds.
+    """(max_new_tokens, max_steps) of one oracle run: `new_tokens`, or exactly `steps` steps.
 
     At a fixed token count a cell gets as many rounds as its tokens need: at 64 tokens a run at
     a = 0.98, k = 8 takes 8 rounds, the last cut short by the budget, while one at a = 0.2 takes
     51. A cell's throughput is a mean over its rounds, so its error follows the round count. With
     `steps`, a run stops after exactly that many rounds, each drafting its full k (room is left for
-    steps * (k + 1) tokens): every cell gets the same number of rounds, none cut short.
+    steps * (k + 1) tokens): every cell gets the same number of steps, none cut short.
     """
     if steps is None:
         return new_tokens, None
     if steps < 1:
-        raise ValueError(f"steps={steps} must be >= 1 rounds per run (or None for new_tokens)")
+        raise ValueError(f"steps={steps} must be >= 1 steps per run (or None for new_tokens)")
     return steps * (k + 1), steps
 
 
@@ -324,14 +357,14 @@ def run_oracle(
     order = _oracle_order(ks, acceptances)
     longest = max(oracle_budget(k, new_tokens, steps)[0] for k in ks)
     for depth in depths:
-        cache = _Prompts(model, tokenizer, depth, prompts)
+        cache = _Prompts(model, tokenizer, depth, prompts, prefill_last=False)
         for rep in range(reps):
             for i in range(prompts):
                 for k, a in order:
                     for kernel in kernels:
                         tokens, rounds = oracle_budget(k, new_tokens, steps)
                         key = {"part": "oracle", "kernel": kernel, "depth": depth, "prompt": i, "k": k,
-                               "a": a, "rep": rep, "new_tokens": tokens, "seed": seed,
+                               "a": a, "rep": rep, "new_tokens": tokens, "seed": seed, "prefill_last": False,
                                **({"steps": rounds} if rounds else {})}
                         cell = runs.setdefault((kernel, depth, k, a), [])
                         offset = sum(r.get("examined", 0) for r in cell)  # where this cell's draws stopped
@@ -341,15 +374,16 @@ def run_oracle(
                             _switch(model, kernel)
                             if k and (depth, i) not in references:  # untimed: the greedy text, once per prompt
                                 greedy = generate(target, cache.ids[i], k=0, temperature=0.0, max_new_tokens=longest,
-                                                  vocab_limit=_vocab_limit(tokenizer)).tokens
+                                                  vocab_limit=_vocab_limit(tokenizer), prefill_last=False).tokens
                                 references[(depth, i)] = torch.as_tensor(list(cache.ids[i]) + greedy, dtype=torch.long)
                             ref = references.get((depth, i))
                             oracle = OracleDraft(a, seed=seed, reference=ref, offset=offset) if k else None
                             result = generate(target, cache.ids[i], draft=oracle, k=k, temperature=0.0,
                                               max_new_tokens=tokens, max_steps=rounds, seed=seed + i,
-                                              vocab_limit=_vocab_limit(tokenizer))
+                                              vocab_limit=_vocab_limit(tokenizer), prefill_last=False)
                             return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0,
-                                                                      "examined": oracle.examined if oracle else 0})
+                                                                      "examined": oracle.examined if oracle else 0,
+                                                                      "prefill_last": False})
 
                         cell.append(_logged(log, key, run, on_point))
     out = []

@@ -86,6 +86,7 @@ def generate(
     seed: int = 0,
     vocab_limit: int | None = None,
     max_steps: int | None = None,
+    prefill_last: bool = True,
 ) -> GenerationResult:
     """Lossless speculative decoding of `target` from `input_ids`.
 
@@ -98,6 +99,10 @@ def generate(
     or at an EOS (kept in the output), whichever comes first; with `max_steps`, also after that many
     rounds (benchmarks that want every round at its full draft length give max_new_tokens room
     for max_steps * (k + 1) tokens).
+    prefill_last: the prefill's last row gives the first round's first token, so that round's pass
+    verifies only the k drafts (none at k = 0). False: the prefill stops before the prompt's last
+    token, which the first round feeds with its drafts, so every round's pass verifies k + 1 tokens:
+    each round is a step of the cost model (benchmarks of the step time). The output is the same.
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k must be an int >= 0 (0 = plain decoding), got {k!r}")
@@ -129,6 +134,7 @@ def generate(
     L = P
     drafted, reached, accepted = [0] * k, [0] * k, [0] * k
     per_round: list[int] = []
+    round_s: list[float] = []
     draft_s = verify_s = sampling_s = 0.0
     stop = "max_new_tokens"
     empty = seq[:0]
@@ -138,7 +144,10 @@ def generate(
     ttft = 0.0
     pending = None  # [1, V] logits at position L whose input is already cached: only after the prefill
     if max_new_tokens > 0:
-        pending = tgt.extend(prompt)[-1:]  # the whole prompt in one pass
+        if prefill_last:
+            pending = tgt.extend(prompt)[-1:]  # the whole prompt in one pass
+        elif P > 1:
+            tgt.extend(prompt[:-1])  # the last prompt token counts as emitted, not yet fed
         verify_s += time.perf_counter() - t_start
     while L - P < max_new_tokens:
         if max_steps is not None and len(per_round) == max_steps:
@@ -176,6 +185,7 @@ def generate(
             accepted[i] += 1
         L += new
         per_round.append(new)
+        round_s.append(time.perf_counter() - t0)
         draft_s += t1 - t0
         verify_s += t2 - t1
         sampling_s += t3 - t2
@@ -193,6 +203,7 @@ def generate(
         new_tokens=L - P,
         stop_reason=stop,
         tokens_per_round=tuple(per_round),
+        round_s=tuple(round_s),
         drafted_by_position=tuple(drafted),
         reached_by_position=tuple(reached),
         accepted_by_position=tuple(accepted),

@@ -10,6 +10,9 @@ is the maximum-likelihood estimate of a in the geometric model of the cost-model
 Times are seconds of wall clock, read after a device synchronize: `draft_s` (proposing), `verify_s`
 (the target's pass, prefill included), `sampling_s` (the accept/resample walk), `other_s` (the rest:
 bookkeeping, cache truncation). `forward_s` is the time inside the two models' forward passes alone.
+`round_s` times each round from its proposal to the end of its bookkeeping; the prefill is in none.
+The first round differs from the rest: the prefill already gave its first row, so its pass has k
+tokens, not k + 1 (none at k = 0). The step time V(k) of the cost model is the later rounds'.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class Stats:
     new_tokens: int
     stop_reason: str  # "max_new_tokens", "eos" or "max_steps"
     tokens_per_round: tuple[int, ...]  # tokens committed by each round, [rounds]
+    round_s: tuple[float, ...]  # wall time of each round, proposing to bookkeeping, [rounds]
     drafted_by_position: tuple[int, ...]  # [k] drafts proposed at position i
     reached_by_position: tuple[int, ...]  # [k] drafts at position i that the walk tested
     accepted_by_position: tuple[int, ...]  # [k] drafts at position i that were accepted

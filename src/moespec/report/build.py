@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from moespec import artifacts
+from moespec.bench.sweep import cell_throughput
 from moespec.report.html import Figure, Section, Table, render
 
 FILES = {"traces": "traces.parquet", "characterization": "characterization.json", "prediction": "prediction.json",
@@ -48,10 +49,10 @@ def _best(measurement: dict, depth: int) -> tuple[float, int, float] | None:
     """(best measured speedup over k = 0 at the same a, its k, its a) in the oracle sweep at `depth`."""
     for e in measurement.get("oracle", []):
         if int(e["depth"]) == depth:
-            zero = {c["a"]: c["throughput"] for c in e["cells"] if c["k"] == 0}
+            zero = {c["a"]: cell_throughput(c) for c in e["cells"] if c["k"] == 0}
             base = lambda c: zero.get(c["a"], zero.get(None))  # noqa: E731  (one k = 0 cell in older sweeps)
-            c = max((c for c in e["cells"] if base(c)), key=lambda c: c["throughput"] / base(c))
-            return c["throughput"] / base(c), c["k"], c["a"]
+            c = max((c for c in e["cells"] if base(c)), key=lambda c: cell_throughput(c) / base(c))
+            return cell_throughput(c) / base(c), c["k"], c["a"]
     return None
 
 
