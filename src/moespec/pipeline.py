@@ -53,9 +53,10 @@ class DemoConfig:
                                                             verified_reps=6))
     # 2 prompts, 10 verify repetitions (one pass varies by +-15% on this shared 2-core machine, so
     # the median of 10 still moves by ~4%), the scaling curve read from them; each oracle cell:
-    # 2 prompts x 3 runs of exactly 7 steps (`sweep.oracle_budget`), the 3 runs spread over the
-    # sweep, so the machine's drift over minutes (10-20%) falls on every cell alike.
-    measure: dict = field(default_factory=lambda: dict(new_tokens=64, oracle_steps=7, oracle_reps=3, prompts=2,
+    # 2 prompts x 5 runs of exactly 4 steps (`sweep.oracle_budget`), the runs spread over the sweep,
+    # so the machine's drift over minutes (10-20%) falls on every cell alike, and each acceptance's
+    # block of k = 0..8 takes seconds, so k* and the speedup compare runs made seconds apart.
+    measure: dict = field(default_factory=lambda: dict(new_tokens=64, oracle_steps=4, oracle_reps=5, prompts=2,
                                                        reps=10, scaling_ns=tuple(range(1, 10))))
     full: bool = False
     seed: int = 0

@@ -344,9 +344,12 @@ def run_oracle(
     """The oracle sweep; one entry per (kernel, depth) with a cell per (k, a), h(k) and V(k).
 
     Kernels alternate innermost, run by run, so drift falls on both alike; at each a the draft
-    lengths, k = 0 included, run back to back (`_oracle_order`); repetitions are the outer loop, so
-    a cell's runs spread over the whole sweep. steps: every run takes exactly that many rounds
-    (`oracle_budget`) instead of decoding `new_tokens`. Greedy decoding. The oracle's draws form one
+    lengths, k = 0 included, run back to back (`_oracle_order`); each prompt's repetitions pass over
+    every cell in turn, so a cell's runs spread over the whole sweep and a prompt is prefilled once.
+    steps: every run takes exactly that many steps (`oracle_budget`) instead of decoding
+    `new_tokens`. Short runs in many repetitions put each cell at more moments of the machine's
+    drifting speed and put k = 0 and the other k of a block seconds apart; they cost nothing extra,
+    as a run has no set-up inside its clock beyond the prompt's cached rows. Greedy decoding. The oracle's draws form one
     seeded sequence per sweep: a cell's runs (prompts x repetitions, in run order) read consecutive
     stretches of it (`OracleDraft` offset), so each cell's examined drafts are one stratified
     stretch, and every cell starts on the same draws (common random numbers across k and a).
@@ -358,8 +361,8 @@ def run_oracle(
     longest = max(oracle_budget(k, new_tokens, steps)[0] for k in ks)
     for depth in depths:
         cache = _Prompts(model, tokenizer, depth, prompts, prefill_last=False)
-        for rep in range(reps):
-            for i in range(prompts):
+        for i in range(prompts):
+            for rep in range(reps):
                 for k, a in order:
                     for kernel in kernels:
                         tokens, rounds = oracle_budget(k, new_tokens, steps)

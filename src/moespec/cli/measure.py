@@ -22,8 +22,8 @@ def measure_command(
     reps: Optional[int] = typer.Option(None, "--reps", help="repetitions of each verify pass"),
     prompts: Optional[int] = typer.Option(None, "--prompts", help="built-in prompts to use (1..6)"),
     new_tokens: Optional[int] = typer.Option(None, "--new-tokens", help="tokens generated per sweep run"),
-    steps: Optional[int] = typer.Option(None, "--steps", help="each oracle run takes a first round and exactly "
-                                        "this many steps after it, instead of decoding --new-tokens"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="each oracle run takes exactly this many steps "
+                                        "(verify passes of k + 1 tokens) instead of decoding --new-tokens"),
     oracle_reps: Optional[int] = typer.Option(None, "--oracle-reps", help="runs of each oracle cell per prompt, "
                                               "spread over the sweep"),
     k: Optional[list[int]] = typer.Option(None, "--k", help="draft length of the oracle sweep (repeatable)"),
