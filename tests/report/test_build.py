@@ -41,3 +41,15 @@ def test_report_is_self_contained_with_figures_1_to_6_and_tables(run, tmp_path):
 def test_report_of_an_empty_folder_names_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="moespec demo"):
         build_report(tmp_path, out=tmp_path / "r.html")
+
+
+def test_summary_gives_the_median_factor_over_the_values_where_speculation_pays(run):
+    from moespec.report.build import _load_run, summary_text
+
+    data = _load_run(run)
+    for entry in data["score"]["depths"]:
+        for s in entry["versions"].values():
+            A = len(s["acceptance"])
+            s["k_star_measured"] = [0] * (A - 3) + [2, 3, 4]
+            s["oracle_gap"] = [0.0] * (A - 3) + [0.10, -0.02, 0.04]  # k* = 0 rows are 0 by definition
+    assert "median factor at k* >= 1: 1.040" in summary_text(data)  # median of +10, -2, +4%, not of the zeros
