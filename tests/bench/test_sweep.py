@@ -145,6 +145,6 @@ def test_round_budget_gives_every_cell_the_same_rounds_and_one_sequence_of_draws
     runs = [log.get(key)["stats"]["tokens_per_round"] for key in keys if key["k"] == 3 and key["a"] == 0.9]
     assert len(runs) == 4
     target = PrefilledTarget(model, torch.tensor(range(3, 18)))
-    one = generate(target, list(range(3, 19)), draft=OracleDraft(0.9, seed=0), k=3, max_new_tokens=96, max_steps=24,
-                   prefill_last=False)
+    one = generate(target, list(range(3, 19)), draft=OracleDraft(0.9, seed=0, block=24), k=3, max_new_tokens=96,
+                   max_steps=24, prefill_last=False)  # blocks of one cell's steps, as the sweep draws them
     assert sum(runs, []) == list(one.stats.tokens_per_round)

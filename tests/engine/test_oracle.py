@@ -64,11 +64,11 @@ def test_offset_continues_one_sequence_of_draws(table_lm):
     long = generate(target, [1, 2, 3], draft=whole, k=3, max_new_tokens=room, max_steps=40, vocab_limit=V)
     first = OracleDraft(0.7, seed=2)
     a = generate(target, [1, 2, 3], draft=first, k=3, max_new_tokens=room, max_steps=20, vocab_limit=V)
-    second = OracleDraft(0.7, seed=2, offset=first.examined)
+    second = OracleDraft(0.7, seed=2, offset=first.draws)
     b = generate(target, [1, 2, 3], draft=second, k=3, max_new_tokens=room, max_steps=20, vocab_limit=V)
     assert a.stats.stop_reason == b.stats.stop_reason == "max_steps" and len(a.stats.tokens_per_round) == 20
     assert a.stats.tokens_per_round + b.stats.tokens_per_round == long.stats.tokens_per_round
-    assert first.examined + second.examined == whole.examined
+    assert first.draws + second.draws == whole.draws == 40  # one draw per step
     with pytest.raises(ValueError, match="offset"):
         OracleDraft(0.5, offset=-1)
 
@@ -105,37 +105,32 @@ def test_stratified_uniforms_are_uniform_per_block_and_prefix_stable():
     assert torch.equal(shorter, u[:250])  # a longer run sees the same first draws
 
 
-def _accepted_per_step(flags_wrong, k):
-    """Greedy verification on the oracle's sequence of draws, taken in examination order: accepted
-    drafts of each step of draft length k (a step takes draws up to its first wrong one, or k)."""
-    out, p = [], 0
-    while p + k < len(flags_wrong):
-        j = 0
-        while j < k and not flags_wrong[p + j]:
-            j += 1
-        out.append(j)
-        p += min(j + 1, k)
-    return out
-
-
 @pytest.mark.parametrize("a", [0.3, 0.8, 0.95])
-def test_stratified_flags_keep_acceptance_geometric(a):
-    """Accepted drafts per step at k = 4 follow the truncated geometric law P(j) = a^j (1-a), j < 4,
-    P(4) = a^4. 40,000 positions (about 10,000-28,000 steps); chi-square at level 0.001. The test
-    has power: blocks of 5 positions (one wrong flag per 5 at a = 0.8) are rejected below."""
+def test_stratified_steps_keep_acceptance_geometric(a):
+    """Accepted drafts per step at k = 4, min(geometric_run(u), 4) on the oracle's stratified draws,
+    follow the truncated geometric law P(j) = a^j (1-a), j < 4, P(4) = a^4: 10,000 steps, chi-square
+    at level 0.001, in blocks of 128 and of 40 (a demo cell's steps). The test has power: draws
+    u^1.3, a wrong law (P(j = 0) = 1 - a^(1/1.3): 3.9% for 5% at a = 0.95), are rejected."""
     from scipy.stats import chisquare
 
-    from moespec.engine.proposers import FLAG_BLOCK, stratified_uniforms
+    from moespec.engine.proposers import STEP_BLOCK, geometric_run, stratified_uniforms
 
     k = 4
     probs = [a**j * (1 - a) for j in range(k)] + [a**k]
 
-    def pvalue(block, a=a):
-        u = stratified_uniforms(40_000, torch.Generator().manual_seed(1), block=block)
-        steps = _accepted_per_step((u >= a).tolist(), k)
+    def pvalue(block, power=1.0):
+        u = stratified_uniforms(10_000, torch.Generator().manual_seed(1), block=block) ** power
+        steps = [min(geometric_run(float(x), a), k) for x in u]
         counts = [steps.count(j) for j in range(k + 1)]
         return chisquare(counts, [p * len(steps) for p in probs]).pvalue
 
-    assert pvalue(FLAG_BLOCK) > 1e-3
-    if a == 0.8:  # a block of 5 at a = 0.8 holds exactly one wrong flag: far from geometric
-        assert pvalue(5) < 1e-3
+    assert pvalue(STEP_BLOCK) > 1e-3 and pvalue(40) > 1e-3
+    assert pvalue(STEP_BLOCK, power=1.3) < 1e-3
+
+
+def test_geometric_run_edges():
+    from moespec.engine.proposers import geometric_run
+
+    assert geometric_run(0.5, 1.0) == math.inf and geometric_run(0.0, 0.5) == math.inf
+    assert geometric_run(0.3, 0.0) == 0
+    assert geometric_run(0.5, 0.5) == 1 and geometric_run(0.49, 0.5) == 1 and geometric_run(0.51, 0.5) == 0

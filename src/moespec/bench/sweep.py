@@ -37,7 +37,7 @@ from moespec.costmodel.theory import expected_tokens
 from moespec.device import synchronize
 from moespec.engine.cached import CachedModel
 from moespec.engine.decode import generate
-from moespec.engine.proposers import OracleDraft
+from moespec.engine.proposers import STEP_BLOCK, OracleDraft
 
 
 class PrefilledTarget:
@@ -351,14 +351,16 @@ def run_oracle(
     drifting speed and put k = 0 and the other k of a block seconds apart; they cost nothing extra,
     as a run has no set-up inside its clock beyond the prompt's cached rows. Greedy decoding. The oracle's draws form one
     seeded sequence per sweep: a cell's runs (prompts x repetitions, in run order) read consecutive
-    stretches of it (`OracleDraft` offset), so each cell's examined drafts are one stratified
-    stretch, and every cell starts on the same draws (common random numbers across k and a).
+    stretches of it (`OracleDraft` offset), one draw per step, stratified in blocks of one cell's
+    steps when `steps` is given, so each cell's steps follow the quantiles of the geometric law, and
+    every cell reads the same draws (common random numbers across k and a).
     """
     ks = sorted(set(int(k) for k in ks))
     runs: dict[tuple, list[dict]] = {}
     references: dict[tuple[int, int], torch.Tensor] = {}  # (depth, prompt) -> greedy reference, shared by every oracle
     order = _oracle_order(ks, acceptances)
     longest = max(oracle_budget(k, new_tokens, steps)[0] for k in ks)
+    block = prompts * reps * steps if steps else STEP_BLOCK  # one cell's steps
     for depth in depths:
         cache = _Prompts(model, tokenizer, depth, prompts, prefill_last=False)
         for i in range(prompts):
@@ -368,9 +370,10 @@ def run_oracle(
                         tokens, rounds = oracle_budget(k, new_tokens, steps)
                         key = {"part": "oracle", "kernel": kernel, "depth": depth, "prompt": i, "k": k,
                                "a": a, "rep": rep, "new_tokens": tokens, "seed": seed, "prefill_last": False,
+                               "oracle_draws": f"one per step, blocks of {block}",
                                **({"steps": rounds} if rounds else {})}
                         cell = runs.setdefault((kernel, depth, k, a), [])
-                        offset = sum(r.get("examined", 0) for r in cell)  # where this cell's draws stopped
+                        offset = sum(r["draws"] for r in cell)  # where this cell's draws stopped
 
                         def run(i=i, k=k, a=a, kernel=kernel, tokens=tokens, rounds=rounds, offset=offset):
                             target = cache.target(i)
@@ -380,12 +383,12 @@ def run_oracle(
                                                   vocab_limit=_vocab_limit(tokenizer), prefill_last=False).tokens
                                 references[(depth, i)] = torch.as_tensor(list(cache.ids[i]) + greedy, dtype=torch.long)
                             ref = references.get((depth, i))
-                            oracle = OracleDraft(a, seed=seed, reference=ref, offset=offset) if k else None
+                            oracle = OracleDraft(a, seed=seed, reference=ref, offset=offset, block=block) if k else None
                             result = generate(target, cache.ids[i], draft=oracle, k=k, temperature=0.0,
                                               max_new_tokens=tokens, max_steps=rounds, seed=seed + i,
                                               vocab_limit=_vocab_limit(tokenizer), prefill_last=False)
                             return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0,
-                                                                      "examined": oracle.examined if oracle else 0,
+                                                                      "draws": oracle.draws if oracle else 0,
                                                                       "prefill_last": False})
 
                         cell.append(_logged(log, key, run, on_point))

@@ -16,6 +16,8 @@ context, `OracleDraft` is the cost-model paper's oracle (Sec. 4, App. D.2).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from moespec.engine.cached import CachedModel
@@ -87,10 +89,10 @@ class PromptLookup:
         pass
 
 
-FLAG_BLOCK = 128  # draws per block of the oracle's stratified sequence (`stratified_uniforms`)
+STEP_BLOCK = 128  # draws per block of the oracle's stratified sequence (`stratified_uniforms`)
 
 
-def stratified_uniforms(n: int, generator: torch.Generator, block: int = FLAG_BLOCK) -> torch.Tensor:
+def stratified_uniforms(n: int, generator: torch.Generator, block: int = STEP_BLOCK) -> torch.Tensor:
     """[n] draws, each exactly uniform on [0, 1), stratified in blocks of `block` positions.
 
     In each block, position j gets (π(j) + U_j) / block for a random permutation π and independent
@@ -107,30 +109,44 @@ def stratified_uniforms(n: int, generator: torch.Generator, block: int = FLAG_BL
     return torch.cat(blocks)[:n] if blocks else torch.zeros(0)
 
 
+def geometric_run(u: float, a: float) -> float:
+    """The drafts a step accepts before its first wrong one, from one uniform u: floor(log u / log a).
+
+    P(run >= i) = P(u <= a^i) = a^i, the law of i drafts each right with probability a in a row
+    (inverse transform); inf where no draft is ever wrong (a = 1, or u = 0).
+    """
+    if a >= 1 or u <= 0:
+        return math.inf
+    if a <= 0:
+        return 0
+    return math.floor(math.log(u) / math.log(a))
+
+
 class OracleDraft:
     """The oracle draft: the target's own greedy token, corrupted with probability 1 - a.
 
     Following the cost-model paper (Sec. 4, App. D.2), each draft is the target's batch-one greedy
-    token, replaced by another real-vocabulary id where a seeded draw marks it wrong (probability
-    1 - a). Under greedy verification draft i is then accepted iff drafts 1..i are unmarked, so
-    acceptance is geometric at rate a, and proposing costs next to nothing.
+    token, and a seeded draw marks the drafts that are wrong, each with probability 1 - a, replacing
+    the first marked one by another real-vocabulary id. Under greedy verification draft i is then
+    accepted iff drafts 1..i are unmarked, so acceptance is geometric at rate a, and proposing costs
+    next to nothing.
 
-    The draws are consumed in the order drafts are examined: a round takes draws until the first
-    wrong one (which greedy verification rejects, ending the round) or until its k drafts are
-    spent; drafts after a wrong one are never examined and take none. So every examined draft has
-    its own draw, and runs with the same seed share the sequence of outcomes at every k and a
-    (common random numbers: the nth examination is wrong at a exactly when u_n >= a). `offset`
-    starts the sequence later, so that several runs of one sweep cell read consecutive stretches of
-    one sequence; `examined` says how many draws a run took.
+    One draw per step: a step's run of right drafts is j = floor(log u / log a) for one uniform u
+    (`geometric_run`: P(j >= i) = a^i, exactly the law of drafts right with probability a each, in
+    a row), and draft j + 1, if the step has it, is the wrong one. Drafts after it are never
+    examined. So runs with the same seed share the step outcomes at every k and a (common random
+    numbers: a step accepts min(j, k)). `offset` starts the sequence later, so that several runs of
+    one sweep cell read consecutive stretches of one sequence; `draws` says how many a run took.
 
-    The sequence is stratified in blocks of 128 draws (`stratified_uniforms`): each draw is still
-    wrong with probability exactly 1 - a, but each block holds 128(1 - a) wrong draws to within
-    one, so a cell's realized acceptance does not wander with the luck of independent draws (at
-    a = 0.9 and ~300 examined drafts that luck alone moves G_a(8) by ~6%, more than the tolerance
-    of the sweep's speedup against G_a(k)V(0)/V(k); with blocks of 256, the first block of this
-    sequence at a = 0.8 still gave cells of ~150 drafts 9% more tokens per step than G_a(k)). The
-    price is a correlation of -1/127 between two draws of a block; tests/engine/test_oracle.py
-    checks the run lengths against the geometric law (blocks of 64 fail that test).
+    The uniforms are stratified in blocks of `block` steps (`stratified_uniforms`): each step's run
+    still has exactly the geometric law, but a block's runs follow its quantiles, so a cell's tokens
+    per step stay at G_a(k) instead of wandering with the luck of independent draws. A sweep makes
+    the block one cell's steps: at 40 steps, k = 7, a = 0.85, tokens per step over G_a(k) have a
+    standard deviation of 0.5% (simulated; 8.9% with independent draws, more than the 5% tolerance
+    of the speedup against G_a(k)V(0)/V(k); one draw per examined draft, stratified in blocks of
+    128, left a demo's cells at 0.91-1.06 of G_a(k)). The price is a correlation
+    of -1/(block - 1) between two steps of a block; tests/engine/test_oracle.py checks the runs
+    against the geometric law.
 
     The greedy tokens come from a reference continuation: in `begin`, before the clock starts, the
     oracle decodes the prompt greedily one token at a time on the target's own cache (then rolls the
@@ -144,17 +160,21 @@ class OracleDraft:
     not on k or a. After `begin`, `.reference` holds the one in use, to pass to the next oracle.
     """
 
-    def __init__(self, acceptance: float, seed: int = 0, reference: torch.Tensor | None = None, offset: int = 0):
+    def __init__(self, acceptance: float, seed: int = 0, reference: torch.Tensor | None = None, offset: int = 0,
+                 block: int = STEP_BLOCK):
         if not 0.0 <= acceptance <= 1.0:
             raise ValueError(f"OracleDraft acceptance must be in [0, 1], got {acceptance}")
         if offset < 0:
             raise ValueError(f"OracleDraft offset must be >= 0 draws, got {offset}")
+        if block < 1:
+            raise ValueError(f"OracleDraft block must be >= 1 steps, got {block}")
         self.a = float(acceptance)
         self.seed = seed
         self.offset = int(offset)
+        self.block = int(block)
         self._given = reference
         self.reanchors = 0
-        self.examined = 0
+        self.draws = 0
         self._target: CachedModel | None = None
         self._ref: torch.Tensor = torch.zeros(0, dtype=torch.long)  # [P + max_new_tokens] prompt + greedy tokens
         self._end = 0
@@ -167,13 +187,14 @@ class OracleDraft:
             )
         self._target, self._sampler = target, sampler
         self._end = prompt.shape[0] + max_new_tokens
-        # a round takes at most one draw per token it emits, so max_new_tokens + 1 draws suffice
+        # one draw per round, and a round emits at least one token: max_new_tokens + 1 draws suffice
         need = self.offset + max_new_tokens + 1
-        self._u = stratified_uniforms(need, torch.Generator(device="cpu").manual_seed(self.seed))[self.offset:]
+        gen = torch.Generator(device="cpu").manual_seed(self.seed)
+        self._u = stratified_uniforms(need, gen, block=self.block)[self.offset:].tolist()
         gen = torch.Generator(device="cpu").manual_seed(self.seed + 1)
         self._shift = torch.randint(1, max(sampler.vocab_limit, 2), (need,), generator=gen)[self.offset:]
         self.reanchors = 0
-        self.examined = 0
+        self.draws = 0
         ref, P = self._given, prompt.shape[0]
         if ref is not None and ref.shape[0] >= self._end and torch.equal(ref[:P], prompt):
             self._ref = ref[: self._end]
@@ -207,15 +228,10 @@ class OracleDraft:
             self.reanchors += 1
             self._ref = self._greedy_from(context)
         g = self._ref[L: L + k].clone()  # [k'] the target's greedy tokens
-        m = g.shape[0]
-        start = self.examined
-        wrong = (self._u[start: start + m] >= self.a).nonzero()
-        if wrong.numel():  # the first wrong draft ends the round: later drafts are never examined
-            j = int(wrong[0])
-            g[j] = (g[j] + self._shift[start + j]) % self._sampler.vocab_limit  # any other real id
-            self.examined += j + 1
-        else:
-            self.examined += m
+        j = geometric_run(self._u[self.draws], self.a)  # right drafts before the first wrong one
+        if j < g.shape[0]:  # draft j + 1 is wrong; verification stops there, so later ones need no mark
+            g[j] = (g[j] + self._shift[self.draws]) % self._sampler.vocab_limit  # any other real id
+        self.draws += 1
         return g, None
 
     def commit(self, keep: int) -> None:
