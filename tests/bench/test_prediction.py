@@ -29,6 +29,14 @@ def run(tmp_path_factory):
     for fits in char["fits"].values():
         for kernel, fit in fits.items():
             fit["coefficients"] = dict(FIXED[kernel])
+    # and the measured window times no saving: measured on a tiny model, a noisy saving can exceed
+    # the per-slot verify time, and the calibrated version would (rightly) refuse a negative time
+    slot = {(q["layer"], q["n"], q["source"], q["placement"]): q["timing"]["median"]
+            for q in char["points"] if q["kernel"] == "slot"}
+    dedup = [q for q in char["points"] if q["kernel"] == "dedup"]
+    for q in dedup:
+        q["timing"]["median"] = slot[(q["layer"], q["n"], q["source"], q["placement"])]
+    assert dedup
     artifacts.write(path, "characterize", char)
     return out
 
