@@ -349,11 +349,12 @@ def run_oracle(
     steps: every run takes exactly that many steps (`oracle_budget`) instead of decoding
     `new_tokens`. Short runs in many repetitions put each cell at more moments of the machine's
     drifting speed and put k = 0 and the other k of a block seconds apart; they cost nothing extra,
-    as a run has no set-up inside its clock beyond the prompt's cached rows. Greedy decoding. The oracle's draws form one
-    seeded sequence per sweep: a cell's runs (prompts x repetitions, in run order) read consecutive
-    stretches of it (`OracleDraft` offset), one draw per step, stratified in blocks of one cell's
-    steps when `steps` is given, so each cell's steps follow the quantiles of the geometric law, and
-    every cell reads the same draws (common random numbers across k and a).
+    as a run has no set-up inside its clock beyond the prompt's cached rows. Greedy decoding.
+    The oracle's draws form one seeded sequence per sweep: a cell's runs (prompts x repetitions, in
+    run order) read consecutive stretches of it (`OracleDraft` offset), one draw per step,
+    stratified in blocks of one cell's steps when `steps` is given, so each cell's steps follow the
+    quantiles of the geometric law, and every cell reads the same draws (common random numbers
+    across k and a).
     """
     ks = sorted(set(int(k) for k in ks))
     runs: dict[tuple, list[dict]] = {}
