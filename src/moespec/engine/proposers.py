@@ -144,7 +144,7 @@ class OracleDraft:
     the block one cell's steps: at 40 steps, k = 7, a = 0.85, tokens per step over G_a(k) have a
     standard deviation of 0.5% (simulated; 8.9% with independent draws, more than the 5% tolerance
     of the speedup against G_a(k)V(0)/V(k); one draw per examined draft, stratified in blocks of
-    128, left a demo's cells at 0.91-1.06 of G_a(k)). The price is a correlation
+    128, left a demo's cells at 0.91-1.08 of G_a(k)). The price is a correlation
     of -1/(block - 1) between two steps of a block; tests/engine/test_oracle.py checks the runs
     against the geometric law.
 
