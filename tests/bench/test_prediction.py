@@ -139,3 +139,15 @@ def test_score_from_artifacts_reads_the_sweep(run):
     assert len(s.k_star_measured) == len(p.acceptance) == 11
     assert len(s.rules) == 6
     json.dumps(s.to_dict())
+
+
+def test_every_acceptance_is_scored_against_the_pooled_plain_decoding(run):
+    char, trace, base = _inputs(run)
+    p = predict_from_artifacts(char, trace, base, version="prediction")
+    meas = artifacts.load(run / "measurement.json", "measure")["payload"]
+    entry = next(e for e in meas["oracle"] if e["kernel"] == "moespec_dedup")
+    assert entry["plain"]["runs"] == sum(c["runs"] for c in entry["cells"] if c["k"] == 0)
+    entry["plain"]["step_throughput"] = 1e12  # plain decoding beats every drafting cell at every a
+    assert score_from_artifacts(p, meas).k_star_measured == [0] * len(p.acceptance)
+    entry["plain"]["step_throughput"] = 1e-12  # ... or none
+    assert 0 not in score_from_artifacts(p, meas).k_star_measured

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from moespec.artifacts import PointLog
-from moespec.bench.sweep import PrefilledTarget, SweepCell, oracle_points, run_draft, run_oracle
+from moespec.bench.sweep import PrefilledTarget, SweepCell, baseline, oracle_points, run_draft, run_oracle
 from moespec.bench.verify import DEDUP, KERNELS
 from moespec.engine.cached import CachedModel
 from moespec.engine.decode import generate
@@ -70,6 +70,11 @@ def test_oracle_sweep_invariants_and_resumption(tiny, tmp_path):
             # estimate at a = 0.5 (sd 0.11 at 20 tests); the flags are seeded, so this is deterministic
             assert abs(cell["realized_acceptance"] - cell["a"]) < 0.25
             assert len(cell["acceptance_by_position"]) == cell["k"]
+        plain = entry["plain"]  # every k = 0 run of both blocks, pooled
+        zero = [c for c in entry["cells"] if c["k"] == 0]
+        assert plain["a"] is None and plain["runs"] == sum(c["runs"] for c in zero) == 2
+        assert plain["steps"] == sum(c["steps"] for c in zero)
+        assert baseline(entry, 0.5) is plain and baseline(entry, 0.9) is plain
     back = SweepCell.from_dict({k: v for k, v in out[0]["cells"][1].items() if k in SweepCell.__dataclass_fields__})
     assert back.throughput == pytest.approx(out[0]["cells"][1]["throughput"])
 
@@ -99,6 +104,15 @@ def test_a_cells_step_time_is_the_median_of_its_steps_each_runs_first_round_left
     del stale["stats"]["round_s"]
     with pytest.raises(ValueError, match="older moespec"):
         SweepCell.pool(1, 0.5, [stale])
+
+
+def test_a_sweep_without_a_pooled_baseline_takes_the_k0_cell_at_each_acceptance():
+    cells = [{"k": 0, "a": 0.5, "step_throughput": 10.0}, {"k": 0, "a": 0.9, "step_throughput": 12.0},
+             {"k": 2, "a": 0.5, "step_throughput": 15.0}]
+    assert baseline({"cells": cells}, 0.9)["step_throughput"] == 12.0  # written before `plain` existed
+    assert baseline({"cells": cells}, 0.3) is None  # no k = 0 run at that acceptance
+    older = [{"k": 0, "a": None, "step_throughput": 11.0}]  # one k = 0 cell for the whole sweep
+    assert baseline({"cells": older}, 0.5)["step_throughput"] == 11.0
 
 
 def test_draft_sweep_reports_the_engine_paper_figures(tiny):

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from moespec import artifacts
-from moespec.bench.sweep import cell_throughput
+from moespec.bench.sweep import baseline, cell_throughput
 from moespec.bench.verify import DEDUP, SLOT, verified_depth
 from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS, Prediction, predict, window_times
@@ -253,7 +253,8 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
     """Score one prediction version against the measurement's verify times and oracle sweep at `depth`.
 
     kernel: the scored kernel ("dedup" or "slot"); its sweep gives the throughput T(k, a) on the
-    prediction's acceptance grid and the measured step times V(k).
+    prediction's acceptance grid, at k = 0 plain decoding's pooled over every acceptance
+    (`bench.sweep.baseline`), and the measured step times V(k).
     """
     if not isinstance(prediction, Prediction):
         prediction = Prediction.from_dict(prediction)
@@ -270,8 +271,7 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
     for a in prediction.acceptance:
         row = []
         for k in ks:
-            # k = 0 runs in every acceptance's block; a sweep written before that has one k = 0 cell
-            c = cells.get((k, round(float(a), 6))) or (cells.get((0, None)) if k == 0 else None)
+            c = baseline(entry, a) if k == 0 else cells.get((k, round(float(a), 6)))  # k = 0: plain decoding
             if c is None:
                 raise ValueError(f"the oracle sweep lacks k={k}, a={a}; sweep k = 0..{ks[-1]} at every a of the grid")
             row.append(cell_throughput(c))

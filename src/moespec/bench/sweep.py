@@ -266,6 +266,22 @@ def cell_throughput(cell: dict[str, Any]) -> float:
     return float(cell.get("step_throughput", cell["throughput"]))
 
 
+def baseline(entry: dict[str, Any], a: float | None) -> dict[str, Any] | None:
+    """The plain-decoding cell every speedup at acceptance `a` of an oracle entry is taken over.
+
+    Plain decoding (k = 0) drafts nothing, so its throughput does not depend on a: the k = 0 run in
+    each acceptance's block repeats one experiment, and the baseline pools all of them (`plain`): 11
+    times the steps of one cell on the paper's grid, at the same moments of the sweep as every other
+    cell. Taken at each a alone, the k = 0 cell's own noise (a median of 40 steps in the demo, +-3%
+    on this shared machine) went into every speedup and every k* comparison at that a. An entry written before `plain` existed gives
+    its k = 0 cell at `a`, or its only k = 0 cell.
+    """
+    if entry.get("plain"):
+        return entry["plain"]
+    zero = {None if c["a"] is None else round(float(c["a"]), 6): c for c in entry["cells"] if c["k"] == 0}
+    return zero.get(None if a is None else round(float(a), 6), zero.get(None))
+
+
 def _vocab_limit(tokenizer) -> int | None:
     return len(tokenizer) if hasattr(tokenizer, "__len__") else None
 
@@ -318,7 +334,8 @@ def _oracle_order(ks: Sequence[int], acceptances: Sequence[float]) -> list[tuple
     descending in turn. k*(a) and the speedup over k = 0 compare runs at one a, so those run within
     a minute of each other: on a shared machine whose speed drifts by 10-20% over minutes, a k = 0
     run made once at the start set every speedup of the sweep by that moment's speed. k = 0 does not
-    use the oracle; its run at each a is that block's baseline."""
+    use the oracle; its runs in every block pool into the sweep's baseline (`baseline`), measured at
+    the same moments as every cell."""
     order: list[tuple[int, float]] = []
     for j, a in enumerate(acceptances):
         order += [(k, a) for k in (ks if j % 2 == 0 else ks[::-1])]
@@ -406,6 +423,7 @@ def run_oracle(
                 "kernel": kernel,
                 "depth": depth,
                 "cells": cells,
+                "plain": at_k[0].to_dict() if 0 in at_k else None,  # every k = 0 run: the baseline (`baseline`)
                 "h": {str(k): c.h for k, c in at_k.items()},
                 "V": {str(k): c.step_s for k, c in at_k.items()},
             })

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from moespec import artifacts
-from moespec.bench.sweep import cell_throughput
+from moespec.bench.sweep import baseline, cell_throughput
 from moespec.report.html import Figure, Section, Table, render
 
 FILES = {"traces": "traces.parquet", "characterization": "characterization.json", "prediction": "prediction.json",
@@ -48,13 +48,17 @@ def _first(d: dict, *names: str):
 
 
 def _best(measurement: dict, depth: int) -> tuple[float, int, float] | None:
-    """(best measured speedup over k = 0 at the same a, its k, its a) in the oracle sweep at `depth`."""
+    """(best measured speedup over plain decoding, its k, its a) in the oracle sweep at `depth`."""
     for e in measurement.get("oracle", []):
         if int(e["depth"]) == depth:
-            zero = {c["a"]: cell_throughput(c) for c in e["cells"] if c["k"] == 0}
-            base = lambda c: zero.get(c["a"], zero.get(None))  # noqa: E731  (one k = 0 cell in older sweeps)
-            c = max((c for c in e["cells"] if base(c)), key=lambda c: cell_throughput(c) / base(c))
-            return cell_throughput(c) / base(c), c["k"], c["a"]
+            def gain(c):
+                base = baseline(e, c["a"])
+                return cell_throughput(c) / cell_throughput(base) if base else float("nan")
+            drafting = [c for c in e["cells"] if c["k"]]
+            if not drafting:
+                return None
+            c = max(drafting, key=gain)
+            return gain(c), c["k"], c["a"]
     return None
 
 
