@@ -42,4 +42,5 @@ def test_summary_names_crossover_and_best_speedup(run):
     _, result = run
     assert "predicted crossover" in result.summary and "measured crossover" in result.summary
     assert "best measured speedup" in result.summary
+    assert "sweep noise (1000 resamples of the passes, 95%)" in result.summary
     assert "k* measured" in result.summary and "rules:" in result.summary

@@ -1,10 +1,12 @@
 """Tests of bench.sweep: the shared prefill, the oracle sweep, the real-draft sweep, resumption."""
 
+import numpy as np
 import pytest
 import torch
 
 from moespec.artifacts import PointLog
-from moespec.bench.sweep import PrefilledTarget, SweepCell, baseline, oracle_points, run_draft, run_oracle
+from moespec.bench.sweep import (PrefilledTarget, SweepCell, baseline, oracle_points, resample_throughput, run_draft,
+                                 run_oracle)
 from moespec.bench.verify import DEDUP, KERNELS
 from moespec.engine.cached import CachedModel
 from moespec.engine.decode import generate
@@ -74,6 +76,8 @@ def test_oracle_sweep_invariants_and_resumption(tiny, tmp_path):
         zero = [c for c in entry["cells"] if c["k"] == 0]
         assert plain["a"] is None and plain["runs"] == sum(c["runs"] for c in zero) == 2
         assert plain["steps"] == sum(c["steps"] for c in zero)
+        # one acceptance's runs after another, each in pass order (`resample_throughput` draws passes)
+        assert plain["run_steps"] == [steps for c in zero for steps in c["run_steps"]]
         assert baseline(entry, 0.5) is plain and baseline(entry, 0.9) is plain
     back = SweepCell.from_dict({k: v for k, v in out[0]["cells"][1].items() if k in SweepCell.__dataclass_fields__})
     assert back.throughput == pytest.approx(out[0]["cells"][1]["throughput"])
@@ -162,3 +166,26 @@ def test_round_budget_gives_every_cell_the_same_rounds_and_one_sequence_of_draws
     one = generate(target, list(range(3, 19)), draft=OracleDraft(0.9, seed=0, block=24), k=3, max_new_tokens=96,
                    max_steps=24, prefill_last=False)  # blocks of one cell's steps, as the sweep draws them
     assert sum(runs, []) == list(one.stats.tokens_per_round)
+
+
+def test_resampling_draws_passes_shared_by_every_cell():
+    # 6 passes; cell b ran every pass at twice cell a's times, so drawn together their ratio stays 1/2
+    rng = np.random.default_rng(1)
+    times = rng.uniform(0.01, 0.03, size=(6, 4))
+    a = {"k": 1, "a": 0.5, "step_tokens": 1.5, "run_steps": times.tolist()}
+    b = {"k": 2, "a": 0.5, "step_tokens": 1.5, "run_steps": (2 * times).tolist()}
+    pooled = {"k": 0, "a": None, "step_tokens": 1.5, "run_steps": times.tolist() + times.tolist()}
+    T = resample_throughput([a, b, pooled, a], resamples=200, seed=3)
+    assert T.shape == (200, 4)
+    assert np.allclose(T[:, 1] / T[:, 0], 0.5)  # the same passes for both cells on every draw
+    assert np.array_equal(T[:, 3], T[:, 0])  # one cell at two positions: one value per draw
+    assert T[:, 0].std() > 0  # the draws differ
+    # a cell pooled over two acceptances takes the same passes from both: here both groups hold
+    # cell a's runs, so its drawn steps are a's twice over and their median is a's
+    assert np.allclose(T[:, 2], T[:, 0])
+    steady = {"k": 1, "a": 0.5, "step_tokens": 1.5, "run_steps": [[0.01] * 4] * 6}
+    assert np.allclose(resample_throughput([steady], resamples=20), 150.0)  # tokens per step / median time
+    with pytest.raises(ValueError, match="older moespec"):
+        resample_throughput([{"k": 1, "a": 0.5, "step_tokens": 1.5}])
+    with pytest.raises(ValueError, match="multiples"):
+        resample_throughput([a, {"k": 1, "a": 0.6, "step_tokens": 1.0, "run_steps": times[:4].tolist()}])

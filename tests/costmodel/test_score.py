@@ -169,3 +169,32 @@ def test_bad_measurements_raise_with_the_fix(change, match):
               throughput=m["T"], V=m["V"]) | change
     with pytest.raises(ValueError, match=match):
         score(prediction(m), **kw)
+
+
+def test_sweep_intervals_collapse_on_a_noiseless_sweep_and_charge_a_flat_one_its_noise():
+    m = truth()
+    p = prediction(m)
+    same = run(p, m, throughput_resamples=np.stack([m["T"]] * 50))
+    assert same.resamples == 50 and same.k_within_one_interval == [11, 11]
+    assert same.max_loss_interval == [0.0, 0.0] and same.loss_floor == 0.0
+    assert same.oracle_gap_interval == pytest.approx([0.0, 0.0], abs=1e-12)
+    # a flat sweep: T(k, a) equal at every k, each resample off by 5% (sd) per cell, 400 resamples;
+    # the measured argmax then wanders, and even the measured k* loses on most resamples
+    flat = np.ones_like(m["T"])
+    rng = np.random.default_rng(0)
+    noisy = flat * np.exp(0.05 * rng.standard_normal((400, *flat.shape)))
+    s = run(p, dict(m, T=flat), throughput_resamples=noisy)
+    assert s.max_loss == 0.0 and s.loss_floor > 0.05  # 9 cells of sd 5%: the largest of 11 losses is > 5%
+    lo, hi = s.max_loss_interval
+    assert 0 < lo < hi and s.k_within_one_interval[0] < 11
+    assert Score.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    with pytest.raises(ValueError, match="B, A, K"):
+        run(p, m, throughput_resamples=np.ones((5, 3, N_MAX)))
+
+
+def test_a_score_written_without_intervals_still_loads():
+    m = truth()
+    d = json.loads(json.dumps(run(prediction(m), m).to_dict()))
+    for key in ("resamples", "k_within_one_interval", "max_loss_interval", "oracle_gap_interval", "loss_floor"):
+        d.pop(key)
+    assert Score.from_dict(d).resamples == 0

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from moespec import artifacts
-from moespec.bench.sweep import baseline, cell_throughput
+from moespec.bench.sweep import baseline, cell_throughput, resample_throughput
 from moespec.bench.verify import DEDUP, SLOT, verified_depth
 from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS, Prediction, predict, window_times
@@ -249,12 +249,14 @@ def _oracle_entry(measurement: Mapping[str, Any], kernel: str, depth: int) -> di
 
 
 def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement: str | Path | Mapping[str, Any], *,
-                         depth: int | None = None, kernel: str = "dedup") -> Score:
+                         depth: int | None = None, kernel: str = "dedup", resamples: int = 1000) -> Score:
     """Score one prediction version against the measurement's verify times and oracle sweep at `depth`.
 
     kernel: the scored kernel ("dedup" or "slot"); its sweep gives the throughput T(k, a) on the
     prediction's acceptance grid, at k = 0 plain decoding's pooled over every acceptance
     (`bench.sweep.baseline`), and the measured step times V(k).
+    resamples: bootstrap resamples of the sweep's runs for the intervals of the scored figures
+    (`costmodel.score.sweep_intervals`); 0, or a sweep that keeps no per-run steps, scores without.
     """
     if not isinstance(prediction, Prediction):
         prediction = Prediction.from_dict(prediction)
@@ -267,21 +269,26 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
     entry = _oracle_entry(meas, ENGINE_KERNELS[kernel], depth)
     ks = list(range(prediction.kmax + 1))
     cells = {(int(c["k"]), None if c["a"] is None else round(float(c["a"]), 6)): c for c in entry["cells"]}
-    T = []
+    grid = []
     for a in prediction.acceptance:
         row = []
         for k in ks:
             c = baseline(entry, a) if k == 0 else cells.get((k, round(float(a), 6)))  # k = 0: plain decoding
             if c is None:
                 raise ValueError(f"the oracle sweep lacks k={k}, a={a}; sweep k = 0..{ks[-1]} at every a of the grid")
-            row.append(cell_throughput(c))
-        T.append(row)
+            row.append(c)
+        grid.append(row)
+    T = [[cell_throughput(c) for c in row] for row in grid]
+    flat = [c for row in grid for c in row]
+    T_b = None
+    if resamples and all(c.get("run_steps") for c in flat):
+        T_b = resample_throughput(flat, resamples).reshape(resamples, len(grid), len(ks))
     savings = {int(s["n"]): s for s in v["saving"]}
     return score(
         prediction, tau_slot=v["tau"][SLOT], tau_dedup=v["tau"][DEDUP],
         S_lo={n: s["lo"] for n, s in savings.items()}, S_hi={n: s["hi"] for n, s in savings.items()},
         S={n: s["point"] for n, s in savings.items()}, throughput=T,
-        V=[float(_get(entry["V"], k)) for k in ks], kernel=kernel,
+        V=[float(_get(entry["V"], k)) for k in ks], kernel=kernel, throughput_resamples=T_b,
     )
 
 

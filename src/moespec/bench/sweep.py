@@ -153,6 +153,7 @@ class SweepCell:
     ttft_s: float  # mean over runs, prefill included
     peak_rss_bytes: int
     reanchors: int
+    run_steps: tuple[tuple[float, ...], ...] = ()  # each run's step times, seconds (`resample_throughput`)
 
     @property
     def throughput(self) -> float:
@@ -201,7 +202,8 @@ class SweepCell:
             raise ValueError(f"runs at k={k}, a={a} lack per-round times: their point log was written by an "
                              "older moespec; delete it (or use a new --out-dir) to measure again")
         skip = [int(r.get("prefill_last", True)) for r in runs]  # the first round is no step
-        times = [t for r, j in zip(runs, skip) for t in r["stats"]["round_s"][j:]]
+        run_steps = tuple(tuple(r["stats"]["round_s"][j:]) for r, j in zip(runs, skip))
+        times = [t for steps in run_steps for t in steps]
         tokens = [n for r, j in zip(runs, skip) for n in r["stats"]["tokens_per_round"][j:]]
         return cls(
             k=k,
@@ -223,6 +225,7 @@ class SweepCell:
             ttft_s=float(np.mean([r["stats"]["ttft_s"] + r["prefill_s"] for r in runs])),
             peak_rss_bytes=int(max(r["stats"]["peak_rss_bytes"] for r in runs)),
             reanchors=int(sum(r.get("reanchors", 0) for r in runs)),
+            run_steps=run_steps,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -252,12 +255,14 @@ class SweepCell:
             "verify_s": self.verify_s,
             "draft_s": self.draft_s,
             "sampling_s": self.sampling_s,
+            "run_steps": [list(x) for x in self.run_steps],
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SweepCell":
-        names = cls.__dataclass_fields__
-        return cls(**{n: tuple(d[n]) if isinstance(d[n], list) else d[n] for n in names})
+        def frozen(x):
+            return tuple(frozen(y) for y in x) if isinstance(x, list) else x
+        return cls(**{n: frozen(d[n]) for n in cls.__dataclass_fields__ if n in d})
 
 
 def cell_throughput(cell: dict[str, Any]) -> float:
@@ -280,6 +285,50 @@ def baseline(entry: dict[str, Any], a: float | None) -> dict[str, Any] | None:
         return entry["plain"]
     zero = {None if c["a"] is None else round(float(c["a"]), 6): c for c in entry["cells"] if c["k"] == 0}
     return zero.get(None if a is None else round(float(a), 6), zero.get(None))
+
+
+def resample_throughput(cells: Sequence[dict[str, Any]], resamples: int = 1000, seed: int = 0) -> np.ndarray:
+    """[resamples, len(cells)]: each cell's T = G/V (`SweepCell.step_throughput`) on bootstrap
+    resamples of the passes of a sweep.
+
+    The unit drawn is the pass: one repetition on one prompt, in which `run_oracle` runs every cell
+    once, each acceptance's draft lengths back to back. Run i of every cell was made in pass i, so
+    all cells take the same draw of passes, and the cells of one acceptance keep the moments they
+    shared: drawn cell by cell, their step times would vary apart, and the comparisons of k at one
+    a, which is what k* and the loss are, would look noisier than they are. A cell pooled over
+    several acceptances (the plain-decoding baseline) holds its groups' runs one group after the
+    other, each in pass order; it takes the same passes from every group. A resample is the cell's
+    tokens per step over the median time of the drawn runs' steps. Only times are drawn: the oracle's
+    draws are stratified over a cell's steps (`OracleDraft`, `STEP_BLOCK`), so its tokens per step
+    are set by design (0.98-1.01 of G_a(k) in the demo), while its runs' own token counts are not
+    samples of anything (at a = 0.98 one run of 4 steps may hold 8 tokens, another 36). One cell
+    given at several positions gets one value per draw.
+    """
+    if resamples < 1:
+        raise ValueError(f"resamples={resamples} must be >= 1")
+    counts = {len(c.get("run_steps") or ()) for c in cells}
+    passes = min(counts, default=0)
+    if passes == 0:
+        bare = next(c for c in cells if not c.get("run_steps"))
+        raise ValueError(f"cell k={bare['k']}, a={bare['a']} keeps no per-run steps (written by an older "
+                         "moespec); measure again, or score without resamples")
+    if any(n % passes for n in counts):
+        raise ValueError(f"cells hold {sorted(counts)} runs; resampling passes needs multiples of {passes}")
+    pick = np.random.default_rng(seed).integers(passes, size=(resamples, passes))  # the passes drawn
+    out = np.empty((resamples, len(cells)))
+    done: dict[int, np.ndarray] = {}
+    for j, cell in enumerate(cells):
+        if id(cell) not in done:
+            steps = cell["run_steps"]
+            width = max(len(r) for r in steps)
+            t = np.full((len(steps), width), np.nan)
+            for i, ts in enumerate(steps):
+                t[i, : len(ts)] = ts
+            groups = np.arange(len(steps) // passes)[None, :, None] * passes
+            runs = (groups + pick[:, None, :]).reshape(resamples, -1)
+            done[id(cell)] = cell["step_tokens"] / np.nanmedian(t[runs].reshape(resamples, -1), axis=1)
+        out[:, j] = done[id(cell)]
+    return out
 
 
 def _vocab_limit(tokenizer) -> int | None:
@@ -417,6 +466,8 @@ def run_oracle(
             for k in ks:
                 for a in acceptances:
                     cells.append(SweepCell.pool(k, a, runs[(kernel, depth, k, a)]).to_dict())
+            # pooled over acceptances, one acceptance's runs after another, each in pass order
+            # (`resample_throughput` relies on that order)
             at_k = {k: SweepCell.pool(k, None, [r for (p, d, kk, _), rs in runs.items()
                                                 if (p, d, kk) == (kernel, depth, k) for r in rs]) for k in ks}
             out.append({

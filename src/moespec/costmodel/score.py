@@ -15,6 +15,13 @@ kernel. Definitions follow the paper:
 - implied ε: the least ε whose band (18) covers every measured saving (Table 7);
 - (20) and (21) with that δ, checked on the throughput G_a(k)/V(k) of the measured step times,
   and the oracle gap: the sweep's best speedup over the one those step times imply, minus 1.
+
+The sweep's own noise: given bootstrap resamples of the measured throughput (resampled runs of each
+cell, `bench.sweep.resample_throughput`), the count of k̂* within one, the largest loss and the
+largest |oracle gap| are recomputed on each resample, k* included, and reported with a 95%
+percentile interval; the *loss floor* is the 95th percentile of the largest loss that the measured
+best k* itself shows on a resample, what an exact prediction of the measured staircase would be
+charged for the sweep's noise alone.
 """
 
 from __future__ import annotations
@@ -95,6 +102,12 @@ class Score:
     loss_inside: list[bool]
     oracle_gap: list[float]
     rules: list[RuleVerdict]
+    # the sweep's noise (`sweep_intervals`); None when scored without resamples
+    resamples: int = 0
+    k_within_one_interval: list[float] | None = None
+    max_loss_interval: list[float] | None = None
+    oracle_gap_interval: list[float] | None = None
+    loss_floor: float | None = None
 
     @property
     def saving_error(self) -> float:
@@ -127,7 +140,7 @@ class Score:
         unknown = set(d) - set(cls.__dataclass_fields__) - {"summary"}
         if unknown:
             raise ValueError(f"unknown Score keys {sorted(unknown)}; was it written by another moespec version?")
-        kw = {k: d[k] for k in cls.__dataclass_fields__}
+        kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}  # a score without intervals lacks the last
         kw["rules"] = [RuleVerdict.from_dict(r) for r in d["rules"]]
         return cls(**kw)
 
@@ -180,6 +193,43 @@ def _draft_figures(prediction: Prediction, kernel: str, T: np.ndarray, V: list[f
     )
 
 
+def _largest_gap(T: np.ndarray, k_meas: Sequence[int], s_V: np.ndarray) -> float:
+    """The largest |oracle gap| over acceptance values with k* >= 1; s_V[a, k] the speedup from V."""
+    gaps = [abs(T[i, k] / T[i, 0] / s_V[i, k] - 1) for i, k in enumerate(k_meas) if k >= 1]
+    return max(gaps, default=0.0)
+
+
+def sweep_intervals(k_hat: Sequence[int], k_meas: Sequence[int], T_resampled: Any, s_V: Any,
+                    level: float = 0.95) -> dict[str, Any]:
+    """The scored figures of the sweep on bootstrap resamples of its throughput.
+
+    k_hat, k_meas: [A] predicted and measured best draft lengths; T_resampled: [B, A, K] resampled
+    throughput; s_V: [A, K] speedups G_a(k)V(0)/V(k) of the measured step times (V is pooled over
+    every acceptance, ~A times a cell's steps, and kept fixed). Each resample takes its own argmax
+    k*. Returns the level-intervals of the count of k̂* within one, the largest loss and the
+    largest |gap|, and the loss floor: the `level` quantile of the largest 1 - T(k*)/T(k*_b), the
+    loss of the measured k* on resample b.
+    """
+    Tb = np.asarray(T_resampled, dtype=float)
+    if Tb.ndim != 3 or Tb.shape[1:] != (len(k_hat), np.shape(s_V)[1]):
+        raise ValueError(f"T_resampled has shape {Tb.shape}, expected [B, A, K] = [B, {len(k_hat)}, "
+                         f"{np.shape(s_V)[1]}]")
+    rows, s_V = np.arange(len(k_hat)), np.asarray(s_V, dtype=float)
+    k_hat, k_meas = np.asarray(k_hat), np.asarray(k_meas)
+    within, loss, gap, floor = [], [], [], []
+    for T in Tb:
+        kb = T.argmax(axis=1)
+        best = T[rows, kb]
+        within.append(int(np.sum(np.abs(k_hat - kb) <= 1)))
+        loss.append(float(np.max(1 - T[rows, k_hat] / best)))
+        floor.append(float(np.max(1 - T[rows, k_meas] / best)))
+        gap.append(_largest_gap(T, kb, s_V))
+    q = [(1 - level) / 2, (1 + level) / 2]
+    interval = lambda x: [float(v) for v in np.quantile(x, q)]  # noqa: E731
+    return dict(resamples=len(Tb), k_within_one_interval=interval(within), max_loss_interval=interval(loss),
+                oracle_gap_interval=interval(gap), loss_floor=float(np.quantile(floor, level)))
+
+
 def table8(rules: ScoringRules, *, n_max: int, A: int, crossover_predicted: int | None,
            crossover_measured: int | None, k_within_one: int, max_loss: float, sign_points: int,
            sign_agree: int, tau_error: float, speedup_inside: Sequence[bool]) -> list[RuleVerdict]:
@@ -213,6 +263,7 @@ def score(
     S: Mapping[Any, float] | None = None,
     n_max: int | None = None,
     rules: ScoringRules = ScoringRules(),
+    throughput_resamples: Any | None = None,
 ) -> Score:
     """Score `prediction` against a measurement (Tables 3, 4, 7; the rules of Table 8).
 
@@ -223,6 +274,7 @@ def score(
     V: [kmax+1] measured step times of `kernel`, V(k) = τ(k+1) + h(k).
     S: {n: point estimate of S(n)}; default τ_slot(n) − τ_dedup(n).
     n_max: largest pass size scored (8 where the engine runs one kernel at 9 either way).
+    throughput_resamples: [B, A, kmax+1] bootstrap resamples of `throughput` (`sweep_intervals`).
     """
     if kernel not in prediction.V:
         raise ValueError(f"kernel={kernel!r}; the prediction has step times for {sorted(prediction.V)}")
@@ -255,6 +307,10 @@ def score(
     err_slot = _relative_errors([prediction.tau["slot"][i] for i in idx], t_slot)
     err_dedup = _relative_errors([prediction.tau["dedup"][i] for i in idx], t_dedup)
     draft = _draft_figures(prediction, kernel, T, V)
+    noise = {}
+    if throughput_resamples is not None:
+        s_V = [[float(speedup(V, a, k)) for k in range(K)] for a in prediction.acceptance]
+        noise = sweep_intervals(draft["k_star_predicted"], draft["k_star_measured"], throughput_resamples, s_V)
     within = sum(abs(p - m) <= 1 for p, m in zip(draft["k_star_predicted"], draft["k_star_measured"]))
     verdicts = table8(rules, n_max=n_max, A=A, crossover_predicted=c_pred, crossover_measured=c_meas,
                       k_within_one=within, max_loss=max(draft["loss"]), sign_points=len(decided),
@@ -267,5 +323,5 @@ def score(
         eps=prediction.eps, eps_implied=implied_eps(err, M_sum), crossover_predicted=c_pred,
         crossover_measured=c_meas, sign_points=len(decided), sign_agree=sign_agree,
         tau_error=max(err_slot + err_dedup), tau_error_dedup=max(err_dedup),
-        acceptance=list(prediction.acceptance), rules=verdicts, **draft,
+        acceptance=list(prediction.acceptance), rules=verdicts, **draft, **noise,
     )

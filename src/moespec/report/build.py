@@ -75,6 +75,14 @@ def goals(s: dict[str, Any]) -> dict[str, tuple[float, bool]]:
             "verify-time error <= 10%": (tau, tau <= 0.10), "speedup vs G V(0)/V(k) within 5%": (gap, gap <= 0.05)}
 
 
+def sweep_noise(s: dict[str, Any]) -> str:
+    """One line: the scored sweep figures' 95% intervals over resamples of its passes, and the loss floor."""
+    (w0, w1), (l0, l1), (g0, g1) = s["k_within_one_interval"], s["max_loss_interval"], s["oracle_gap_interval"]
+    return (f"sweep noise ({s['resamples']} resamples of the passes, 95%): k̂* within one {w0:.0f}-{w1:.0f}; "
+            f"max loss {100 * l0:.1f}-{100 * l1:.1f}% (a prediction of the measured k* itself: up to "
+            f"{100 * s['loss_floor']:.1f}%); largest gap {100 * g0:.1f}-{100 * g1:.1f}%")
+
+
 def summary_text(run: dict[str, Any]) -> str:
     """Plain-text summary: crossover, the k* staircase predicted vs measured, best speedup, verdicts."""
     lines = []
@@ -112,6 +120,8 @@ def summary_text(run: dict[str, Any]) -> str:
                 lines.append(f"    rules:{verdicts}")
                 met = "; ".join(f"{g} {'met' if ok else 'NOT met'} ({v:.3g})" for g, (v, ok) in goals(sv).items())
                 lines.append(f"    goals: {met}")
+                if sv.get("resamples"):
+                    lines.append("    " + sweep_noise(sv))
         best = _best(run.get("measurement", {}), d)
         if best is not None:
             lines.append(f"  best measured speedup: {best[0]:.3f}x at k = {best[1]}, a = {best[2]}")
@@ -147,8 +157,12 @@ def _score_tables(run: dict) -> list:
             A = len(s["acceptance"])
             rows3.append([d, version, _ms(max(s["saving_error_by_n"])),
                           f"{_none(s['crossover_predicted'])} / {_none(s['crossover_measured'])}", f"{within}/{A}"])
+            noise = ["", ""]
+            if s.get("resamples"):
+                lo, hi = s["max_loss_interval"]
+                noise = [f"{100 * lo:.1f} to {100 * hi:.1f}%", f"{100 * s['loss_floor']:.1f}%"]
             rows4.append([d, version, f"{s['sign_agree']} of {s['sign_points']}", f"{within}/{A}",
-                          f"{100 * max(s['loss']):.1f}%", f"{100 * s['tau_error']:.1f}%", f"{s['delta']:.3f}"])
+                          f"{100 * max(s['loss']):.1f}%", *noise, f"{100 * s['tau_error']:.1f}%", f"{s['delta']:.3f}"])
             rows7.append([d, version, f"{min(s['amplification']):.1f} to {max(s['amplification']):.1f}",
                           f"{s['eps_implied']:.3f}", f"{s['eps']:.3f}", f"{sum(s['inside_band'])}/{len(s['n'])}"])
             blocks.append(Table(f"Table 8: scoring rules, {version}, d = {d}", ["rule", "value", "threshold", "verdict"],
@@ -158,8 +172,10 @@ def _score_tables(run: dict) -> list:
         return []
     return [Table("Table 3: saving error (ms), crossover predicted / measured, k̂* within one", ["d", "version",
                   "saving error", "crossover", "k* within one"], rows3),
-            Table("Table 4: sign of S(n), k̂* within one, loss at k̂*, verify-time error, δ", ["d", "version", "sign",
-                  "k*", "loss", "τ error", "δ"], rows4),
+            Table("Table 4: sign of S(n), k̂* within one, loss at k̂* (with its 95% interval over resamples of the "
+                  "sweep's passes, and the loss floor: what the measured k* itself loses on them, 95th percentile), "
+                  "verify-time error, δ", ["d", "version", "sign", "k*", "loss", "loss, 95%", "loss floor", "τ error",
+                                          "δ"], rows4),
             Table("Table 7: amplification, implied ε, engine ε, measured savings inside the band (18)",
                   ["d", "version", "amplification", "implied ε", "ε", "inside band"], rows7), *blocks]
 
