@@ -195,6 +195,20 @@ def test_sweep_intervals_collapse_on_a_noiseless_sweep_and_charge_a_flat_one_its
 def test_a_score_written_without_intervals_still_loads():
     m = truth()
     d = json.loads(json.dumps(run(prediction(m), m).to_dict()))
-    for key in ("resamples", "k_within_one_interval", "max_loss_interval", "oracle_gap_interval", "loss_floor"):
+    for key in ("resamples", "k_within_one_interval", "max_loss_interval", "oracle_gap_interval", "loss_floor",
+                "saving_error_beyond_interval"):
         d.pop(key)
     assert Score.from_dict(d).resamples == 0
+
+
+def test_the_saving_error_beyond_the_measured_interval_counts_only_what_noise_cannot_explain():
+    m = truth()
+    p = prediction(m)
+    assert run(p, m).saving_error_beyond_interval == 0.0  # Ŝ = S, inside [S - Q/2, S + Q/2]
+    wide = run(p, dict(m, S_lo={n: s - 9 * Q for n, s in m["S_lo"].items()},
+                       S_hi={n: s + 9 * Q for n, s in m["S_hi"].items()}), S={n: 0.0 for n in m["S_lo"]})
+    assert wide.saving_error > 0 and wide.saving_error_beyond_interval == 0.0  # every miss within the interval
+    off = prediction(m, dedup_slope=3)  # each layer's dedup time larger by n Q: Ŝ(n) smaller by n L Q
+    s = run(off, m)
+    beyond = max((n * L * Q - 0.5 * Q) / m["tau"]["dedup"][n] for n in range(2, N_MAX + 1))  # half-width Q/2
+    assert s.saving_error_beyond_interval == pytest.approx(beyond)

@@ -278,8 +278,8 @@ def baseline(entry: dict[str, Any], a: float | None) -> dict[str, Any] | None:
     each acceptance's block repeats one experiment, and the baseline pools all of them (`plain`): 11
     times the steps of one cell on the paper's grid, at the same moments of the sweep as every other
     cell. Taken at each a alone, the k = 0 cell's own noise (a median of 40 steps in the demo, +-3%
-    on this shared machine) went into every speedup and every k* comparison at that a. An entry written before `plain` existed gives
-    its k = 0 cell at `a`, or its only k = 0 cell.
+    on this shared machine) went into every speedup and every k* comparison at that a. An entry
+    written before `plain` existed gives its k = 0 cell at `a`, or its only k = 0 cell.
     """
     if entry.get("plain"):
         return entry["plain"]

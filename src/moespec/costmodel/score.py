@@ -10,6 +10,9 @@ kernel. Definitions follow the paper:
 - k* within one: acceptance values at which |k̂*(a) − k*(a)| <= 1, k* the measured best (Table 3);
 - loss: 1 − T(k̂*, a) / T(k*, a) from the measured throughput (Table 4);
 - verify-time error: the largest |τ̂_p(n) − τ_p(n)| / τ_p(n) over n = 2..n_max (Tables 4 and 7);
+  and the part of the saving error the measurement's noise cannot explain: the largest distance of
+  Ŝ(n) from the 95% interval of S(n), over τ_dedup(n). For the calibrated version, whose τ̂_slot is
+  the measured one, τ̂_dedup(n) − τ_dedup(n) = S(n) − Ŝ(n): this is its verify-time error beyond noise;
 - δ: the largest |V̂(k) − V(k)| / V(k) over k, the step-time error of (20)–(21) (Sec. 4.3);
 - amplification: (M̂ᵉ_slot + M̂ᵉ_dedup) / |S(n)|, |S(n)| floored at 0.05 ms (Table 7);
 - implied ε: the least ε whose band (18) covers every measured saving (Table 7);
@@ -91,6 +94,7 @@ class Score:
     sign_agree: int
     tau_error: float
     tau_error_dedup: float
+    saving_error_beyond_interval: float  # max over n of dist(Ŝ(n), [S_lo, S_hi]) / τ_dedup(n)
     acceptance: list[float]
     k_star_predicted: list[int]
     k_star_measured: list[int]
@@ -140,7 +144,8 @@ class Score:
         unknown = set(d) - set(cls.__dataclass_fields__) - {"summary"}
         if unknown:
             raise ValueError(f"unknown Score keys {sorted(unknown)}; was it written by another moespec version?")
-        kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}  # a score without intervals lacks the last
+        kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}  # an older score lacks the noise figures
+        kw.setdefault("saving_error_beyond_interval", math.nan)
         kw["rules"] = [RuleVerdict.from_dict(r) for r in d["rules"]]
         return cls(**kw)
 
@@ -323,5 +328,6 @@ def score(
         eps=prediction.eps, eps_implied=implied_eps(err, M_sum), crossover_predicted=c_pred,
         crossover_measured=c_meas, sign_points=len(decided), sign_agree=sign_agree,
         tau_error=max(err_slot + err_dedup), tau_error_dedup=max(err_dedup),
+        saving_error_beyond_interval=max(max(0.0, l - s, s - h) / t for s, l, h, t in zip(S_hat, lo, hi, t_dedup)),
         acceptance=list(prediction.acceptance), rules=verdicts, **draft, **noise,
     )

@@ -7,6 +7,7 @@ prediction.json, measurement.json, score.json); a missing artifact drops the par
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,11 @@ def summary_text(run: dict[str, Any]) -> str:
                 lines.append(f"    goals: {met}")
                 if sv.get("resamples"):
                     lines.append("    " + sweep_noise(sv))
+                beyond = sv.get("saving_error_beyond_interval")
+                if beyond is not None and math.isfinite(beyond):
+                    why = " (its verify-time error that noise cannot explain)" if version == "calibrated" else ""
+                    lines.append(f"    saving error beyond the measured S(n)'s 95% interval: {100 * beyond:.1f}% of "
+                                 f"τ_dedup(n){why}")
         best = _best(run.get("measurement", {}), d)
         if best is not None:
             lines.append(f"  best measured speedup: {best[0]:.3f}x at k = {best[1]}, a = {best[2]}")
