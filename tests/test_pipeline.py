@@ -1,5 +1,8 @@
 """run_demo on olmoe-tiny with the smoke settings: the chain runs, a second run reuses every artifact."""
 
+import shutil
+from dataclasses import replace
+
 import pytest
 
 from moespec import artifacts
@@ -44,3 +47,17 @@ def test_summary_names_crossover_and_best_speedup(run):
     assert "best measured speedup" in result.summary
     assert "sweep noise (1000 resamples of the passes, 95%)" in result.summary
     assert "k* measured" in result.summary and "rules:" in result.summary
+
+
+def test_a_run_asking_for_more_oracle_repetitions_measures_the_sweep_again(run, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(run[0], out)
+    smoke = DemoConfig.smoke()
+    lines = []
+    again = run_demo(out, config=replace(smoke, measure={**smoke.measure, "oracle_reps": 2}), progress=False,
+                     echo=lines.append)
+    assert again.ran == ("measure-sweep", "score")  # the prediction and everything before it are kept
+    assert any("oracle_reps 1, this run 2; measuring the sweep again" in line for line in lines)
+    meas = artifacts.load(out / "measurement.json", "measure")["payload"]
+    assert meas["config"]["oracle_reps"] == 2
+    assert all(c["runs"] == 2 for e in meas["oracle"] for c in e["cells"])  # 1 prompt x 2 repetitions

@@ -182,6 +182,11 @@ def run_demo(
                "measurement_base": str(paths[MEASUREMENT_BASE])}
     step("predict", paths[PREDICTION], lambda: artifacts.write(paths[PREDICTION], PREDICT_KIND, predict_all(
         paths[CHARACTERIZATION], paths[TRACES], paths[MEASUREMENT_BASE], sources=sources)))
+    changed = _sweep_changed(config, paths[MEASUREMENT])
+    if changed:  # measured with other knobs: measure again, reading back every run the point log holds
+        echo(f"[measure-sweep] {paths[MEASUREMENT].name} was measured with {changed}; measuring the sweep again")
+        paths[MEASUREMENT].unlink()
+        paths[SCORE].unlink(missing_ok=True)
     step("measure-sweep", paths[MEASUREMENT],
          lambda: _measure_phase(config, paths[MEASUREMENT], base=False, progress=progress, loaded=loaded))
     step("score", paths[SCORE], lambda: artifacts.write(paths[SCORE], SCORE_KIND, score_all(
@@ -193,6 +198,23 @@ def run_demo(
     echo(summary)
     echo(f"report: {report}")
     return DemoResult(out_dir=out, ran=tuple(ran), seconds=seconds, summary=summary)
+
+
+def _sweep_changed(config: DemoConfig, path: Path) -> str:
+    """"" when the sweep at `path` was measured with this config's knobs (or is absent), else what
+    differs ("oracle_reps 5, this run 15"). Runs are read back from the point log where their keys
+    match; a new repetition count changes every oracle key (the oracle's draws are stratified over
+    all of a cell's steps), so the sweep is measured again, and the earlier steps are reused."""
+    if not path.exists():
+        return ""
+    got = artifacts.load(path, "measure")["payload"].get("config", {})
+    want = _measure_config(config).to_dict()
+    differ = [k for k in want if k in got and _jsonable(got[k]) != _jsonable(want[k])]
+    return "; ".join(f"{k} {got[k]}, this run {want[k]}" for k in differ)
+
+
+def _jsonable(x: Any) -> Any:
+    return [_jsonable(y) for y in x] if isinstance(x, (list, tuple, range)) else x
 
 
 def _trace(net, tok, config: DemoConfig, path: Path) -> None:

@@ -14,6 +14,10 @@ def test_demo_then_predict_score_report(tmp_path):
     assert result.exit_code == 0, result.output
     assert "report:" in result.output and (run / "report.html").exists()
     assert "[measure-sweep] done" in result.output  # step names survive rich's markup
+    result = CliRunner().invoke(app, ["demo", "--smoke", "--out-dir", str(run), "--oracle-reps", "2"])
+    assert result.exit_code == 0, result.output
+    assert "measuring the sweep again" in result.output and "[characterize] reusing" in result.output
+    assert artifacts.load(run / "measurement.json", "measure")["payload"]["config"]["oracle_reps"] == 2
 
     pred = tmp_path / "p.json"
     result = CliRunner().invoke(app, ["predict", "--characterization", str(run / "characterization.json"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -107,6 +108,10 @@ def demo_command(
     model: str = typer.Option("synthetic:olmoe-shaped", "--model", help="synthetic:NAME or a local checkpoint"),
     layers: Optional[int] = typer.Option(None, "--layers", help="layers of a synthetic preset (default: the preset's)"),
     smoke: bool = typer.Option(False, "--smoke", help="plumbing check in seconds on olmoe-tiny (tiny settings)"),
+    oracle_reps: Optional[int] = typer.Option(
+        None, "--oracle-reps", min=1,
+        help="repetitions of every oracle cell per prompt (demo: 5); the summary's loss floor falls about as "
+             "1/sqrt(reps); on a finished run folder the sweep (only) is measured again"),
 ) -> None:
     """The whole chain: trace → characterize → measure → predict → sweep → score → report."""
     from moespec.pipeline import DemoConfig, run_demo
@@ -119,6 +124,8 @@ def demo_command(
     else:
         make = DemoConfig.full_protocol if full else DemoConfig.demo
         config = make(model=model, layers=layers)
+    if oracle_reps is not None:
+        config = replace(config, measure={**config.measure, "oracle_reps": oracle_reps})
     result = run_demo(out_dir, config=config, progress=not smoke,
                       echo=lambda text: console.print(text, markup=False, highlight=False))
     for name in ("prediction.json", "score.json"):
