@@ -110,8 +110,8 @@ def demo_command(
     smoke: bool = typer.Option(False, "--smoke", help="plumbing check in seconds on olmoe-tiny (tiny settings)"),
     oracle_reps: Optional[int] = typer.Option(
         None, "--oracle-reps", min=1,
-        help="repetitions of every oracle cell per prompt (demo: 5); the summary's loss floor falls about as "
-             "1/sqrt(reps); on a finished run folder the sweep (only) is measured again"),
+        help="repetitions of every oracle cell per prompt (demo: 5); more lower the summary's loss floor and "
+             "take longer (15: ~3x the sweep); on a finished run folder the sweep (only) is measured again"),
 ) -> None:
     """The whole chain: trace → characterize → measure → predict → sweep → score → report."""
     from moespec.pipeline import DemoConfig, run_demo
