@@ -183,7 +183,7 @@ def run_demo(
     step("predict", paths[PREDICTION], lambda: artifacts.write(paths[PREDICTION], PREDICT_KIND, predict_all(
         paths[CHARACTERIZATION], paths[TRACES], paths[MEASUREMENT_BASE], sources=sources)))
     changed = _sweep_changed(config, paths[MEASUREMENT])
-    if changed:  # measured with other knobs: measure again, reading back every run the point log holds
+    if changed:  # measured with other knobs: measure again (runs whose keys match are read back from the log)
         echo(f"[measure-sweep] {paths[MEASUREMENT].name} was measured with {changed}; measuring the sweep again")
         paths[MEASUREMENT].unlink()
         paths[SCORE].unlink(missing_ok=True)
