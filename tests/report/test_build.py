@@ -53,3 +53,17 @@ def test_summary_gives_the_median_factor_over_the_values_where_speculation_pays(
             s["k_star_measured"] = [0] * (A - 3) + [2, 3, 4]
             s["oracle_gap"] = [0.0] * (A - 3) + [0.10, -0.02, 0.04]  # k* = 0 rows are 0 by definition
     assert "median factor at k* >= 1: 1.040" in summary_text(data)  # median of +10, -2, +4%, not of the zeros
+
+
+def test_summary_says_when_the_loss_goal_is_below_the_sweeps_resolution(run):
+    from moespec.report.build import _load_run, summary_text
+
+    data = _load_run(run)
+    versions = [s for entry in data["score"]["depths"] for s in entry["versions"].values()]
+    for s in versions:
+        s["loss_floor"] = 0.04
+    assert "below this sweep's resolution" not in summary_text(data)
+    for s in versions:
+        s["loss_floor"] = 0.11
+    text = summary_text(data)
+    assert text.count("the loss goal is below this sweep's resolution: its loss floor is 11.0%") == len(versions)
