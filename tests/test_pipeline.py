@@ -61,3 +61,18 @@ def test_a_run_asking_for_more_oracle_repetitions_measures_the_sweep_again(run, 
     meas = artifacts.load(out / "measurement.json", "measure")["payload"]
     assert meas["config"]["oracle_reps"] == 2
     assert all(c["runs"] == 2 for e in meas["oracle"] for c in e["cells"])  # 1 prompt x 2 repetitions
+
+
+def test_a_run_asking_for_more_verify_repetitions_measures_and_predicts_again(run, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(run[0], out)
+    smoke = DemoConfig.smoke()
+    lines = []
+    again = run_demo(out, config=replace(smoke, measure={**smoke.measure, "reps": 2}), progress=False,
+                     echo=lines.append)
+    # the prediction reads the base measurement, and the sweep is scored against the prediction
+    assert again.ran == ("measure-base", "predict", "measure-sweep", "score")
+    assert any("reps 1, this run 2; measuring it again" in line for line in lines)
+    base = artifacts.load(out / "measurement-base.json", "measure")["payload"]
+    assert base["config"]["reps"] == 2
+    assert all(len(s[0]) == 2 for p in base["verify"][0]["samples"].values() for s in p.values())  # [P, R]

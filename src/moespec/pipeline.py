@@ -107,10 +107,15 @@ def _measure_phase(cfg: DemoConfig, out: Path, *, base: bool, progress: bool, lo
     next to verify passes of 40-150 ms on the demo's models)."""
     from moespec.bench.measure import measure
 
+    return measure(cfg.model, full=cfg.full, out=out, layers=cfg.layers, progress=progress, loaded=loaded(),
+                   **_phase_knobs(cfg, base))
+
+
+def _phase_knobs(cfg: DemoConfig, base: bool) -> dict[str, Any]:
     knobs = dict(cfg.measure)
     if base:
         knobs.update(acceptances=(H_PROBE_ACCEPTANCE,), scaling_ns=(), oracle_kernels=(DEDUP,), oracle_reps=1)
-    return measure(cfg.model, full=cfg.full, out=out, layers=cfg.layers, progress=progress, loaded=loaded(), **knobs)
+    return knobs
 
 
 def base_payload(phase1: dict[str, Any]) -> dict[str, Any]:
@@ -172,6 +177,13 @@ def run_demo(
     step("characterize", paths[CHARACTERIZATION],
          lambda: _characterize(loaded()[0], config, paths[TRACES], paths[VERIFIED], paths[CHARACTERIZATION], progress))
 
+    changed = _knobs_changed(config, paths[MEASUREMENT_BASE], base=True)
+    if changed:  # the prediction reads the base measurement: both, and the sweep scored against it, again
+        echo(f"[measure-base] {MEASUREMENT_BASE} was measured with {changed}; measuring it again, then "
+             "predicting and sweeping again")
+        for name in (MEASUREMENT_BASE, PREDICTION, MEASUREMENT, SCORE):
+            paths[name].unlink(missing_ok=True)
+
     def measure_base() -> None:
         phase1 = _measure_phase(config, paths[MEASUREMENT], base=True, progress=progress, loaded=loaded)
         artifacts.write(paths[MEASUREMENT_BASE], "measure", base_payload(phase1))
@@ -182,9 +194,9 @@ def run_demo(
                "measurement_base": str(paths[MEASUREMENT_BASE])}
     step("predict", paths[PREDICTION], lambda: artifacts.write(paths[PREDICTION], PREDICT_KIND, predict_all(
         paths[CHARACTERIZATION], paths[TRACES], paths[MEASUREMENT_BASE], sources=sources)))
-    changed = _sweep_changed(config, paths[MEASUREMENT])
+    changed = _knobs_changed(config, paths[MEASUREMENT], base=False)
     if changed:  # measured with other knobs: measure again (runs whose keys match are read back from the log)
-        echo(f"[measure-sweep] {paths[MEASUREMENT].name} was measured with {changed}; measuring the sweep again")
+        echo(f"[measure-sweep] {MEASUREMENT} was measured with {changed}; measuring the sweep again")
         paths[MEASUREMENT].unlink()
         paths[SCORE].unlink(missing_ok=True)
     step("measure-sweep", paths[MEASUREMENT],
@@ -200,15 +212,18 @@ def run_demo(
     return DemoResult(out_dir=out, ran=tuple(ran), seconds=seconds, summary=summary)
 
 
-def _sweep_changed(config: DemoConfig, path: Path) -> str:
-    """"" when the sweep at `path` was measured with this config's knobs (or is absent), else what
-    differs ("oracle_reps 5, this run 15"). Runs are read back from the point log where their keys
-    match; a new repetition count changes every oracle key (the oracle's draws are stratified over
-    all of a cell's steps), so the sweep is measured again, and the earlier steps are reused."""
+def _knobs_changed(config: DemoConfig, path: Path, *, base: bool) -> str:
+    """"" when the measurement at `path` (the base phase's or the sweep's) was made with this
+    config's knobs (or is absent), else what differs ("oracle_reps 5, this run 15"). Points are read
+    back from the log where their keys match; a new repetition count changes the keys it counts
+    (verify points carry their repetitions, and the oracle's draws are stratified over all of a
+    cell's steps), so that part is measured again."""
+    from moespec.bench.measure import MeasureConfig
+
     if not path.exists():
         return ""
     got = artifacts.load(path, "measure")["payload"].get("config", {})
-    want = _measure_config(config).to_dict()
+    want = MeasureConfig.preset(config.full, **_phase_knobs(config, base)).to_dict()
     differ = [k for k in want if k in got and _jsonable(got[k]) != _jsonable(want[k])]
     return "; ".join(f"{k} {got[k]}, this run {want[k]}" for k in differ)
 

@@ -112,6 +112,11 @@ def demo_command(
         None, "--oracle-reps", min=1,
         help="repetitions of every oracle cell per prompt (demo: 5); more lower the summary's loss floor and "
              "take longer (15: ~3x the sweep); on a finished run folder the sweep (only) is measured again"),
+    verify_reps: Optional[int] = typer.Option(
+        None, "--verify-reps", min=1,
+        help="repetitions of every verify pass per prompt (demo: 10); more lower the noise of τ_p(n), which "
+             "the calibrated version is built on; on a finished run folder the base measurement, the "
+             "prediction and the sweep are made again"),
 ) -> None:
     """The whole chain: trace → characterize → measure → predict → sweep → score → report."""
     from moespec.pipeline import DemoConfig, run_demo
@@ -124,8 +129,8 @@ def demo_command(
     else:
         make = DemoConfig.full_protocol if full else DemoConfig.demo
         config = make(model=model, layers=layers)
-    if oracle_reps is not None:
-        config = replace(config, measure={**config.measure, "oracle_reps": oracle_reps})
+    knobs = {"oracle_reps": oracle_reps, "reps": verify_reps}
+    config = replace(config, measure={**config.measure, **{k: v for k, v in knobs.items() if v is not None}})
     result = run_demo(out_dir, config=config, progress=not smoke,
                       echo=lambda text: console.print(text, markup=False, highlight=False))
     for name in ("prediction.json", "score.json"):
