@@ -179,8 +179,8 @@ def run_demo(
 
     changed = _knobs_changed(config, paths[MEASUREMENT_BASE], base=True)
     if changed:  # the prediction reads the base measurement: both, and the sweep scored against it, again
-        echo(f"[measure-base] {MEASUREMENT_BASE} was measured with {changed}; measuring it again, then "
-             "predicting and sweeping again")
+        echo(f"[measure-base] {MEASUREMENT_BASE} was measured with {changed}; measuring it again and "
+             "predicting again (the sweep's runs are read back from the point log)")
         for name in (MEASUREMENT_BASE, PREDICTION, MEASUREMENT, SCORE):
             paths[name].unlink(missing_ok=True)
 

@@ -115,8 +115,8 @@ def demo_command(
     verify_reps: Optional[int] = typer.Option(
         None, "--verify-reps", min=1,
         help="repetitions of every verify pass per prompt (demo: 10); more lower the noise of τ_p(n), which "
-             "the calibrated version is built on; on a finished run folder the base measurement, the "
-             "prediction and the sweep are made again"),
+             "the calibrated version is built on; on a finished run folder the base measurement and the "
+             "prediction are made again, the sweep's runs reused"),
 ) -> None:
     """The whole chain: trace → characterize → measure → predict → sweep → score → report."""
     from moespec.pipeline import DemoConfig, run_demo
