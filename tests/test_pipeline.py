@@ -49,13 +49,19 @@ def test_summary_names_crossover_and_best_speedup(run):
     assert "k* measured" in result.summary and "rules:" in result.summary
 
 
-def test_a_run_asking_for_more_oracle_repetitions_measures_the_sweep_again(run, tmp_path):
+def _rerun_copy(run, tmp_path, **measure):
+    """run_demo on a copy of the smoke run with `measure` knobs changed: (copy, result, echoed lines)."""
     out = tmp_path / "copy"
     shutil.copytree(run[0], out)
     smoke = DemoConfig.smoke()
     lines = []
-    again = run_demo(out, config=replace(smoke, measure={**smoke.measure, "oracle_reps": 2}), progress=False,
+    again = run_demo(out, config=replace(smoke, measure={**smoke.measure, **measure}), progress=False,
                      echo=lines.append)
+    return out, again, lines
+
+
+def test_a_run_asking_for_more_oracle_repetitions_measures_the_sweep_again(run, tmp_path):
+    out, again, lines = _rerun_copy(run, tmp_path, oracle_reps=2)
     assert again.ran == ("measure-sweep", "score")  # the prediction and everything before it are kept
     assert any("oracle_reps 1, this run 2; measuring the sweep again" in line for line in lines)
     meas = artifacts.load(out / "measurement.json", "measure")["payload"]
@@ -64,12 +70,7 @@ def test_a_run_asking_for_more_oracle_repetitions_measures_the_sweep_again(run, 
 
 
 def test_a_run_asking_for_more_verify_repetitions_measures_and_predicts_again(run, tmp_path):
-    out = tmp_path / "copy"
-    shutil.copytree(run[0], out)
-    smoke = DemoConfig.smoke()
-    lines = []
-    again = run_demo(out, config=replace(smoke, measure={**smoke.measure, "reps": 2}), progress=False,
-                     echo=lines.append)
+    out, again, lines = _rerun_copy(run, tmp_path, reps=2)
     # the prediction reads the base measurement, and the sweep is scored against the prediction
     assert again.ran == ("measure-base", "predict", "measure-sweep", "score")
     assert any("reps 1, this run 2; measuring it again" in line for line in lines)

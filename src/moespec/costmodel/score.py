@@ -175,7 +175,18 @@ def _relative_errors(estimate: Sequence[float], true: Sequence[float]) -> list[f
     return [abs(e - t) / t for e, t in zip(estimate, true)]
 
 
-def _draft_figures(prediction: Prediction, kernel: str, T: np.ndarray, V: list[float]) -> dict[str, Any]:
+def _speedups(V: Sequence[float], acceptance: Sequence[float]) -> np.ndarray:
+    """[A, K]: G_a(k)V(0)/V(k), the speedup the measured step times imply at each a and k."""
+    return np.array([[float(speedup(V, a, k)) for k in range(len(V))] for a in acceptance])
+
+
+def _oracle_gaps(T: np.ndarray, k_meas: Sequence[int], s_V: np.ndarray) -> list[float]:
+    """At each a: the sweep's speedup of k* over the one the measured step times imply, minus 1."""
+    return [float(T[i, k] / T[i, 0] / s_V[i, k]) - 1 for i, k in enumerate(k_meas)]
+
+
+def _draft_figures(prediction: Prediction, kernel: str, T: np.ndarray, V: list[float],
+                   s_V: np.ndarray) -> dict[str, Any]:
     """k* from the sweep, the loss at k̂*, δ, the checks of (20)-(21) and the oracle draft's gap."""
     acceptance, k_hat, s_hat = prediction.acceptance, prediction.k_star[kernel], prediction.speedup[kernel]
     delta = float(step_time_delta(V, prediction.V[kernel]))
@@ -194,14 +205,13 @@ def _draft_figures(prediction: Prediction, kernel: str, T: np.ndarray, V: list[f
         speedup_predicted=list(s_hat), speedup_measured=s_meas,
         speedup_inside=[lo * (1 - 1e-12) <= sh / sm <= hi * (1 + 1e-12) for sh, sm in zip(s_hat, s_meas)],
         loss_inside=[x <= bound20 + 1e-12 for x in loss_V],
-        oracle_gap=[float(row[k] / row[0]) / float(speedup(V, a, k)) - 1 for row, k, a in zip(T, k_meas, acceptance)],
+        oracle_gap=_oracle_gaps(T, k_meas, s_V),
     )
 
 
 def _largest_gap(T: np.ndarray, k_meas: Sequence[int], s_V: np.ndarray) -> float:
     """The largest |oracle gap| over acceptance values with k* >= 1; s_V[a, k] the speedup from V."""
-    gaps = [abs(T[i, k] / T[i, 0] / s_V[i, k] - 1) for i, k in enumerate(k_meas) if k >= 1]
-    return max(gaps, default=0.0)
+    return max((abs(g) for g, k in zip(_oracle_gaps(T, k_meas, s_V), k_meas) if k >= 1), default=0.0)
 
 
 def sweep_intervals(k_hat: Sequence[int], k_meas: Sequence[int], T_resampled: Any, s_V: Any,
@@ -311,10 +321,10 @@ def score(
     sign_agree = sum(sign * s > 0 for sign, s in decided)
     err_slot = _relative_errors([prediction.tau["slot"][i] for i in idx], t_slot)
     err_dedup = _relative_errors([prediction.tau["dedup"][i] for i in idx], t_dedup)
-    draft = _draft_figures(prediction, kernel, T, V)
+    s_V = _speedups(V, prediction.acceptance)
+    draft = _draft_figures(prediction, kernel, T, V, s_V)
     noise = {}
     if throughput_resamples is not None:
-        s_V = [[float(speedup(V, a, k)) for k in range(K)] for a in prediction.acceptance]
         noise = sweep_intervals(draft["k_star_predicted"], draft["k_star_measured"], throughput_resamples, s_V)
     within = sum(abs(p - m) <= 1 for p, m in zip(draft["k_star_predicted"], draft["k_star_measured"]))
     verdicts = table8(rules, n_max=n_max, A=A, crossover_predicted=c_pred, crossover_measured=c_meas,
