@@ -77,3 +77,44 @@ def test_a_run_asking_for_more_verify_repetitions_measures_and_predicts_again(ru
     base = artifacts.load(out / "measurement-base.json", "measure")["payload"]
     assert base["config"]["reps"] == 2
     assert all(len(s[0]) == 2 for p in base["verify"][0]["samples"].values() for s in p.values())  # [P, R]
+
+
+def test_full_is_the_papers_protocol():
+    """`--full` (issue 6): 6 prompts, 256 tokens, k = 0..8, 11 acceptance values from 0.2 to 0.98, both
+    depths, both kernels swept; its base phase still runs no scored cell."""
+    from moespec.bench.measure import MeasureConfig
+    from moespec.bench.verify import KERNELS
+    from moespec.pipeline import H_PROBE_ACCEPTANCE, _measure_config, _phase_knobs
+
+    cfg = DemoConfig.full_protocol()
+    m = _measure_config(cfg)
+    assert (m.prompts, m.new_tokens, m.oracle_steps, m.depths) == (6, 256, None, (512, 4096))
+    assert m.ks == tuple(range(9)) and len(m.acceptances) == 11
+    assert (m.acceptances[0], m.acceptances[-1]) == (0.2, 0.98) and set(m.oracle_kernels) == set(KERNELS)
+    base = MeasureConfig.preset(True, **_phase_knobs(cfg, True))
+    assert base.acceptances == (H_PROBE_ACCEPTANCE,) and H_PROBE_ACCEPTANCE not in m.acceptances
+    assert cfg.trace_tokens > DemoConfig.demo().trace_tokens
+
+
+def test_a_run_shaped_like_full_scores_and_reports_every_depth_and_kernel(tmp_path):
+    """What `--full` adds to the demo's shape, at smoke size: two depths, several prompts, both kernels
+    swept; each depth is predicted, scored and drawn."""
+    import re
+
+    from moespec.bench.verify import KERNELS
+
+    smoke = DemoConfig.smoke()
+    cfg = replace(smoke, measure={**smoke.measure, "depths": (16, 24), "prompts": 2, "oracle_kernels": KERNELS})
+    result = run_demo(tmp_path, config=cfg, progress=False, echo=lambda _: None)
+    assert result.ran == STEPS
+    meas = artifacts.load(tmp_path / "measurement.json", "measure")["payload"]
+    assert sorted((e["depth"], e["kernel"]) for e in meas["oracle"]) == sorted(
+        (d, k) for d in (16, 24) for k in KERNELS)
+    score = artifacts.load(tmp_path / "score.json", "score")["payload"]
+    assert [e["depth"] for e in score["depths"]] == [16, 24]
+    assert all(len(e["versions"]) == 3 for e in score["depths"])
+    assert "depth d = 16" in result.summary and "depth d = 24" in result.summary
+    html = (tmp_path / "report.html").read_text()
+    for i in (4, 5, 6):  # the whole-model figures, at each depth; Figures 1-3 describe the trace and kernels
+        assert sorted(set(int(d) for d in re.findall(rf"Figure {i}: [^<]*?d = (\d+)", html))) == [16, 24]
+    assert len(re.findall(r'src="data:image/png;base64,', html)) == 3 + 3 * 2

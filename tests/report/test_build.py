@@ -67,3 +67,20 @@ def test_summary_says_when_the_loss_goal_is_below_the_sweeps_resolution(run):
         s["loss_floor"] = 0.11
     text = summary_text(data)
     assert text.count("the loss goal is below this sweep's resolution: its loss floor is 11.0%") == len(versions)
+
+
+def test_goals_take_the_verify_time_error_with_deduplication_on():
+    from moespec.report.build import goals
+
+    A = 11
+    s = dict(acceptance=[0.5] * A, k_star_predicted=[0] * 9 + [5, 8], k_star_measured=[0] * 9 + [3, 7],
+             loss=[0.0] * 10 + [0.049], tau_error=0.15, tau_error_dedup=0.08, oracle_gap=[0.0] * 10 + [-0.06])
+    g = goals(s)
+    # 10 of 11 within one (one miss by two), loss 4.9%, the per-slot error left out (Table 7), gap 6%
+    assert g["k* within one (>= 10/11)"] == (10, True)
+    assert g["loss <= 5%"] == (0.049, True)
+    assert g["verify-time error (dedup) <= 10%"] == (0.08, True)
+    assert g["speedup vs G V(0)/V(k) within 5%"] == (0.06, False)
+    s.update(tau_error_dedup=0.101, k_star_measured=[0] * 9 + [3, 5])
+    g = goals(s)
+    assert g["verify-time error (dedup) <= 10%"] == (0.101, False) and g["k* within one (>= 10/11)"] == (9, False)

@@ -70,13 +70,14 @@ def goals(s: dict[str, Any]) -> dict[str, tuple[float, bool]]:
     """The project's prediction-fidelity goals on one scored version: {goal: (value, met)}.
 
     k̂* within one at >= 10 of 11 values; loss at k̂* <= 5%; verify-time error <= 10% (stated for
-    the calibrated version); the sweep's best speedup within 5% of G_a(k)V(0)/V(k) (App. E).
+    the calibrated version, and, as the paper's Table 7 gives it, with deduplication on: the kernel
+    the step times V(k) are built on); the sweep's best speedup within 5% of G_a(k)V(0)/V(k) (App. E).
     """
     A = len(s["acceptance"])
     within = sum(abs(p - m) <= 1 for p, m in zip(s["k_star_predicted"], s["k_star_measured"]))
-    loss, tau, gap = max(s["loss"]), s["tau_error"], max(abs(g) for g in s["oracle_gap"])
+    loss, tau, gap = max(s["loss"]), s["tau_error_dedup"], max(abs(g) for g in s["oracle_gap"])
     return {f"k* within one (>= {A - 1}/{A})": (within, within >= A - 1), "loss <= 5%": (loss, loss <= LOSS_GOAL),
-            "verify-time error <= 10%": (tau, tau <= 0.10), "speedup vs G V(0)/V(k) within 5%": (gap, gap <= 0.05)}
+            "verify-time error (dedup) <= 10%": (tau, tau <= 0.10), "speedup vs G V(0)/V(k) within 5%": (gap, gap <= 0.05)}
 
 
 def sweep_noise(s: dict[str, Any]) -> str:
@@ -119,7 +120,8 @@ def summary_text(run: dict[str, Any]) -> str:
                 verdicts = "".join(f"\n    {'pass' if r['passed'] else 'FAIL'}  {r['name']} ({r['value']:.4g})"
                                    for r in sv["rules"])
                 lines.append(f"  {version}: k̂* within one at {within} of {len(sv['acceptance'])}; max loss "
-                             f"{100 * max(sv['loss']):.1f}%; verify-time error {100 * sv['tau_error']:.1f}%; "
+                             f"{100 * max(sv['loss']):.1f}%; verify-time error {100 * sv['tau_error']:.1f}% (dedup "
+                             f"{100 * sv['tau_error_dedup']:.1f}%); "
                              f"δ = {sv['delta']:.3f}")
                 lines.append(f"    rules:{verdicts}")
                 met = "; ".join(f"{g} {'met' if ok else 'NOT met'} ({v:.3g})" for g, (v, ok) in goals(sv).items())
