@@ -102,6 +102,7 @@ def test_a_run_shaped_like_full_scores_and_reports_every_depth_and_kernel(tmp_pa
     import re
 
     from moespec.bench.verify import KERNELS
+    from moespec.costmodel.predict import VERSIONS
 
     smoke = DemoConfig.smoke()
     cfg = replace(smoke, measure={**smoke.measure, "depths": (16, 24), "prompts": 2, "oracle_kernels": KERNELS})
@@ -112,7 +113,9 @@ def test_a_run_shaped_like_full_scores_and_reports_every_depth_and_kernel(tmp_pa
         (d, k) for d in (16, 24) for k in KERNELS)
     score = artifacts.load(tmp_path / "score.json", "score")["payload"]
     assert [e["depth"] for e in score["depths"]] == [16, 24]
-    assert all(len(e["versions"]) == 3 for e in score["depths"])
+    for e in score["depths"]:  # each version scored, or the reason it could not be: on a tiny model a noisy
+        # saving can exceed the per-slot verify time, and the calibrated version then (rightly) refuses
+        assert sorted([*e["versions"], *e["unavailable"]]) == sorted(VERSIONS) and "prediction" in e["versions"]
     assert "depth d = 16" in result.summary and "depth d = 24" in result.summary
     html = (tmp_path / "report.html").read_text()
     for i in (4, 5, 6):  # the whole-model figures, at each depth; Figures 1-3 describe the trace and kernels
