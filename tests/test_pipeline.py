@@ -113,9 +113,10 @@ def test_a_run_shaped_like_full_scores_and_reports_every_depth_and_kernel(tmp_pa
         (d, k) for d in (16, 24) for k in KERNELS)
     score = artifacts.load(tmp_path / "score.json", "score")["payload"]
     assert [e["depth"] for e in score["depths"]] == [16, 24]
-    for e in score["depths"]:  # each version scored, or the reason it could not be: on a tiny model a noisy
-        # saving can exceed the per-slot verify time, and the calibrated version then (rightly) refuses
-        assert sorted([*e["versions"], *e["unavailable"]]) == sorted(VERSIONS) and "prediction" in e["versions"]
+    for e in score["depths"]:  # each version scored, or the reason it could not be: a tiny model's timings
+        # are noisy enough for a version to fail its own checks (a verify time <= 0, say) on a busy machine
+        assert sorted([*e["versions"], *e["unavailable"]]) == sorted(VERSIONS) and e["versions"]
+        assert all(why for why in e["unavailable"].values())
     assert "depth d = 16" in result.summary and "depth d = 24" in result.summary
     html = (tmp_path / "report.html").read_text()
     for i in (4, 5, 6):  # the whole-model figures, at each depth; Figures 1-3 describe the trace and kernels
