@@ -60,6 +60,9 @@ class DemoConfig:
                                                        reps=10, scaling_ns=tuple(range(1, 10))))
     full: bool = False
     seed: int = 0
+    # the characterized layers' expert operation timed on each verify pass's window right after the
+    # pass, for the measured-time and calibrated versions (`bench.verify.run_verify`)
+    ops_between_passes: bool = True
 
     def __post_init__(self):
         if self.trace_tokens < 16:
@@ -101,21 +104,34 @@ class DemoResult:
         return self.out_dir / REPORT
 
 
-def _measure_phase(cfg: DemoConfig, out: Path, *, base: bool, progress: bool, loaded) -> dict[str, Any]:
+def _measure_phase(cfg: DemoConfig, out: Path, *, base: bool, progress: bool, loaded, verified: Path,
+                   op_layers: tuple[int, ...]) -> dict[str, Any]:
     """One phase of `bench.measure.measure`; the base phase runs no scored cell (no scaling curve,
     the oracle at H_PROBE_ACCEPTANCE only, one run per prompt: h(k) is a fraction of a millisecond
-    next to verify passes of 40-150 ms on the demo's models)."""
+    next to verify passes of 40-150 ms on the demo's models). Both phases ask for the same verify
+    points, so the sweep phase reads the base phase's back."""
     from moespec.bench.measure import measure
 
     return measure(cfg.model, full=cfg.full, out=out, layers=cfg.layers, progress=progress, loaded=loaded(),
-                   **_phase_knobs(cfg, base))
+                   verified=verified if op_layers else None, **_phase_knobs(cfg, base, op_layers))
 
 
-def _phase_knobs(cfg: DemoConfig, base: bool) -> dict[str, Any]:
-    knobs = dict(cfg.measure)
+def _phase_knobs(cfg: DemoConfig, base: bool, op_layers: tuple[int, ...] = ()) -> dict[str, Any]:
+    knobs = dict(cfg.measure, op_layers=tuple(op_layers))
     if base:
         knobs.update(acceptances=(H_PROBE_ACCEPTANCE,), scaling_ns=(), oracle_kernels=(DEDUP,), oracle_reps=1)
     return knobs
+
+
+def _op_layers(cfg: DemoConfig, verified: Path) -> tuple[int, ...]:
+    """The layers whose operation the verify phase times between its passes: the characterized ones."""
+    if not cfg.ops_between_passes:
+        return ()
+    from moespec.bench.expert_op import resolve_layers
+    from moespec.moe.traces import RoutingTrace
+
+    layers = cfg.characterize.get("layers", (0, "mid"))
+    return tuple(resolve_layers(layers, RoutingTrace.load(verified).num_layers))
 
 
 def base_payload(phase1: dict[str, Any]) -> dict[str, Any]:
@@ -177,7 +193,8 @@ def run_demo(
     step("characterize", paths[CHARACTERIZATION],
          lambda: _characterize(loaded()[0], config, paths[TRACES], paths[VERIFIED], paths[CHARACTERIZATION], progress))
 
-    changed = _knobs_changed(config, paths[MEASUREMENT_BASE], base=True)
+    op_layers = _op_layers(config, paths[VERIFIED])
+    changed = _knobs_changed(config, paths[MEASUREMENT_BASE], base=True, op_layers=op_layers)
     if changed:  # the prediction reads the base measurement: both, and the sweep scored against it, again
         echo(f"[measure-base] {MEASUREMENT_BASE} was measured with {changed}; measuring it again and "
              "predicting again (the sweep's runs are read back from the point log)")
@@ -185,7 +202,8 @@ def run_demo(
             paths[name].unlink(missing_ok=True)
 
     def measure_base() -> None:
-        phase1 = _measure_phase(config, paths[MEASUREMENT], base=True, progress=progress, loaded=loaded)
+        phase1 = _measure_phase(config, paths[MEASUREMENT], base=True, progress=progress, loaded=loaded,
+                                verified=paths[VERIFIED], op_layers=op_layers)
         artifacts.write(paths[MEASUREMENT_BASE], "measure", base_payload(phase1))
         paths[MEASUREMENT].unlink()  # the phase-1 artifact; its point log stays for the sweep phase
 
@@ -194,13 +212,14 @@ def run_demo(
                "measurement_base": str(paths[MEASUREMENT_BASE])}
     step("predict", paths[PREDICTION], lambda: artifacts.write(paths[PREDICTION], PREDICT_KIND, predict_all(
         paths[CHARACTERIZATION], paths[TRACES], paths[MEASUREMENT_BASE], sources=sources)))
-    changed = _knobs_changed(config, paths[MEASUREMENT], base=False)
+    changed = _knobs_changed(config, paths[MEASUREMENT], base=False, op_layers=op_layers)
     if changed:  # measured with other knobs: measure again (runs whose keys match are read back from the log)
         echo(f"[measure-sweep] {MEASUREMENT} was measured with {changed}; measuring the sweep again")
         paths[MEASUREMENT].unlink()
         paths[SCORE].unlink(missing_ok=True)
     step("measure-sweep", paths[MEASUREMENT],
-         lambda: _measure_phase(config, paths[MEASUREMENT], base=False, progress=progress, loaded=loaded))
+         lambda: _measure_phase(config, paths[MEASUREMENT], base=False, progress=progress, loaded=loaded,
+                                verified=paths[VERIFIED], op_layers=op_layers))
     step("score", paths[SCORE], lambda: artifacts.write(paths[SCORE], SCORE_KIND, score_all(
         artifacts.load(paths[PREDICTION], PREDICT_KIND), paths[MEASUREMENT])))
     t0 = time.perf_counter()
@@ -212,7 +231,7 @@ def run_demo(
     return DemoResult(out_dir=out, ran=tuple(ran), seconds=seconds, summary=summary)
 
 
-def _knobs_changed(config: DemoConfig, path: Path, *, base: bool) -> str:
+def _knobs_changed(config: DemoConfig, path: Path, *, base: bool, op_layers: tuple[int, ...] = ()) -> str:
     """"" when the measurement at `path` (the base phase's or the sweep's) was made with this
     config's knobs (or is absent), else what differs ("oracle_reps 5, this run 15"). Points are read
     back from the log where their keys match; a new repetition count changes the keys it counts
@@ -223,7 +242,7 @@ def _knobs_changed(config: DemoConfig, path: Path, *, base: bool) -> str:
     if not path.exists():
         return ""
     got = artifacts.load(path, "measure")["payload"].get("config", {})
-    want = MeasureConfig.preset(config.full, **_phase_knobs(config, base)).to_dict()
+    want = MeasureConfig.preset(config.full, **_phase_knobs(config, base, op_layers)).to_dict()
     differ = [k for k in want if k in got and _jsonable(got[k]) != _jsonable(want[k])]
     return "; ".join(f"{k} {got[k]}, this run {want[k]}" for k in differ)
 

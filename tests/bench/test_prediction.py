@@ -93,8 +93,36 @@ def test_missing_h_names_the_fix(run):
         predict_from_artifacts(char, trace, {**base, "h": {}})
 
 
+def _without_ops(base: dict) -> dict:
+    """The base measurement as written before it timed the operation between its passes."""
+    strip = lambda v: {k: x for k, x in v.items() if k not in ("ops", "op_layers")}  # noqa: E731
+    return {**base, "verify": [strip(v) for v in base["verify"]]}
+
+
+def test_measured_time_version_takes_the_operation_timed_between_the_verify_passes(run):
+    char, trace, base = _inputs(run)
+    v = base["verify"][0]
+    assert v["op_layers"] == [0]  # the smoke demo characterizes layer 0: its operation is timed there
+    entry = predict_all(char, trace, base)["depths"][0]
+    assert entry["measured_time_windows"] == "verified, timed between the verify passes"
+    got = predict_from_artifacts(char, trace, base, version="measured-time")
+    for n in (1, 2, 3):
+        for kernel, engine in (("slot", "moespec_slot"), ("dedup", "moespec_dedup")):
+            if kernel == "dedup" and n == 1:
+                continue
+            samples = np.asarray(v["ops"][engine][str(n)])  # [P, R, L]: one prompt, R repetitions, layer 0
+            assert samples.shape == (1, len(v["samples"][engine][str(n)][0]), 1)
+            # M̂(n) sums the two MoE layers; both take layer 0's median time (the nearest timed)
+            assert got.M[kernel][n - 1] == pytest.approx(2 * np.median(samples[0, :, 0]))
+    # the calibrated version builds on these times too: its saving is theirs
+    cal = predict_from_artifacts(char, trace, base, version="calibrated")
+    assert cal.S == pytest.approx(got.S)
+    assert predict_from_artifacts(char, trace, _without_ops(base), version="measured-time").M != got.M
+
+
 def test_measured_time_version_times_the_verified_windows(run):
     char, trace, base = _inputs(run)
+    base = _without_ops(base)  # the characterization's times, where the base measurement has none
     depth = base["verify"][0]["depth"]
     verified = [p for p in char["points"] if p["source"] == "verified"]
     # the smoke demo times the first n tokens after depth d of each verify prompt, at each n
@@ -115,6 +143,7 @@ def test_measured_time_version_times_the_verified_windows(run):
 
 def test_measured_time_version_unavailable_without_recorded_windows(run):
     char, trace, base = _inputs(run)
+    base = _without_ops(base)
     chosen_only = {**char, "points": [p for p in char["points"] if p["source"] == "chosen"]}
     with pytest.raises(ValueError, match="recorded windows"):
         predict_from_artifacts(chosen_only, trace, base, version="measured-time")

@@ -138,3 +138,57 @@ def test_time_passes_runs_repetitions_in_rounds_over_every_n():
     assert len(timed) == 3 * 3 * 2 and all(len(out[k][str(n)]) == 3 for k in (SLOT, DEDUP) for n in (1, 2, 3))
     rounds = [timed[i:i + 6] for i in range(0, 18, 6)]
     assert all(sorted(r) == [1, 1, 2, 2, 3, 3] for r in rounds)  # each round holds every n, both kernels
+
+
+def test_time_passes_calls_between_right_after_each_timed_pass():
+    from moespec.bench.verify import time_passes
+
+    model, tok = build("olmoe-tiny")
+    events = []
+    forward = model.forward
+
+    def spy(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids.shape[-1] <= 3:
+            events.append(("pass", int(ids.shape[-1])))
+        return forward(*args, **kwargs)
+
+    def between(n, kernel):
+        events.append(("between", n, kernel))
+        return [float(n), 2.0]
+
+    model.forward = spy
+    out = time_passes(model, tok.encode("x" * 40, add_bos=True), 16, [1, 2, 3], [SLOT, DEDUP], reps=2, warmup=1,
+                      between=between)
+    assert out["ops"][DEDUP]["2"] == [[2.0, 2.0]] * 2 and set(out["ops"]) == {SLOT, DEDUP}
+    timed = events[[i for i, e in enumerate(events) if e[0] == "between"][5] + 1:]  # after the 6 warm-up calls
+    # every timed pass is followed by one call with its own n and kernel, before the next pass
+    assert [e[0] for e in timed] == ["pass", "between"] * (2 * 3 * 2)
+    assert all(p[1] == b[1] for p, b in zip(timed[::2], timed[1::2]))
+    assert [b[2] for b in timed[1::2]] == [SLOT, DEDUP] * 6
+
+
+def test_verify_times_the_operation_on_each_passs_own_window(tiny, tmp_path):
+    from moespec.bench.verify import verified_routing
+
+    model, tok = tiny
+    windows = verified_routing(model, tok, depths=(16,), prompts=2, n_max=2)
+    log = PointLog(tmp_path / "v.points.jsonl")
+    (vt,) = run_verify(model, tok, depths=(16,), ns=(1, 2), prompts=2, reps=3, log=log, windows=windows,
+                       op_layers=(1, 0))
+    assert vt.op_layers == (1, 0)
+    for kernel in (SLOT, DEDUP):
+        assert all(s.shape == (2, 3, 2) and np.all(s > 0) for s in vt.ops[kernel].values())  # [P, R, L]
+        assert np.allclose(vt.op_times(kernel)[2], np.median(vt.ops[kernel][2], axis=1).mean(axis=0))
+    back = VerifyTimes.from_dict(vt.to_dict())
+    assert back.op_layers == (1, 0) and all(np.array_equal(back.ops[DEDUP][n], vt.ops[DEDUP][n]) for n in (1, 2))
+    # read back from the log, not timed again; asked without the operation, the points are other points
+    again = run_verify(model, tok, depths=(16,), ns=(1, 2), prompts=2, reps=3, log=log, windows=windows,
+                       op_layers=(1, 0))[0]
+    assert np.array_equal(again.ops[SLOT][2], vt.ops[SLOT][2]) and len(log) == 2
+    plain = run_verify(model, tok, depths=(16,), ns=(1, 2), prompts=2, reps=3, log=log)[0]
+    assert plain.ops is None and len(log) == 4
+    with pytest.raises(ValueError, match="no operation times"):
+        plain.op_times(SLOT)
+    with pytest.raises(ValueError, match="no document 'd24/p0'"):
+        run_verify(model, tok, depths=(24,), ns=(1, 2), prompts=1, reps=1, windows=windows, op_layers=(0,))

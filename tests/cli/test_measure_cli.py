@@ -47,3 +47,35 @@ def test_the_scaling_curve_is_read_from_the_verify_passes_that_hold_it(tmp_path)
     assert curve["kernel"] == "moespec_dedup" and sorted(curve["samples"]) == ["1", "2", "3"]
     for n in ("1", "2", "3"):
         assert curve["samples"][n] == verify["samples"]["moespec_dedup"][n]
+
+
+def test_operation_between_the_passes_needs_layers_and_windows_together(tmp_path):
+    import pytest
+
+    from moespec.bench.measure import measure
+
+    with pytest.raises(ValueError, match="needs both"):
+        measure("synthetic:olmoe-tiny", out=tmp_path / "m.json", progress=False, op_layers=(0,))
+    with pytest.raises(ValueError, match="needs both"):
+        measure("synthetic:olmoe-tiny", out=tmp_path / "m.json", progress=False, verified=tmp_path / "v.parquet")
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_measure_times_the_operation_between_the_passes_of_the_verified_windows(tmp_path):
+    import moespec.cli.traces  # noqa: F401  (registers trace-verified)
+
+    verified = tmp_path / "v.parquet"
+    made = CliRunner().invoke(app, ["trace-verified", "--model", "synthetic:olmoe-tiny", "--depth", "16", "--prompts",
+                                    "1", "--n-max", "2", "--out", str(verified)])
+    assert made.exit_code == 0, made.output
+    out = tmp_path / "m.json"
+    args = ["measure", "--model", "synthetic:olmoe-tiny", "--depth", "16", "--prompts", "1", "--reps", "2",
+            "--n-max", "2", "--scaling-n-max", "0", "--k", "0", "--acceptance", "0.6", "--new-tokens", "4",
+            "--no-flush", "--verified", str(verified), "--op-layers", "mid", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    v = artifacts.load(out, "measure")["payload"]["verify"][0]
+    assert v["op_layers"] == [1]  # olmoe-tiny has 2 MoE layers: "mid" is layer 1
+    assert [len(s[0]) for s in v["ops"]["moespec_dedup"].values()] == [2, 2]  # [P, R, L]: 2 repetitions at n = 1, 2
+    missing = CliRunner().invoke(app, args[:-4] + ["--verified", str(tmp_path / "none.parquet"), "--out", str(out)])
+    assert missing.exit_code != 0 and "none.parquet" in missing.output

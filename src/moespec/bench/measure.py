@@ -44,11 +44,15 @@ class MeasureConfig:
     new_tokens: int = 12
     oracle_steps: int | None = None  # each oracle run takes exactly this many rounds instead of new_tokens
     draft_ks: tuple[int, ...] = (1, 2, 4, 6, 8)
+    # MoE layers whose expert operation is timed on each verify pass's own window right after the
+    # pass (`verify.run_verify`); needs the verified windows (`measure(verified=...)`)
+    op_layers: tuple[int, ...] = ()
     temperature: float = 0.8
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("depths", "ns", "kernels", "scaling_ns", "ks", "acceptances", "oracle_kernels", "draft_ks"):
+        for name in ("depths", "ns", "kernels", "scaling_ns", "ks", "acceptances", "oracle_kernels", "draft_ks",
+                     "op_layers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if not 1 <= self.prompts <= verify.PROMPT_COUNT:
             raise ValueError(f"prompts must be 1..{verify.PROMPT_COUNT}, got {self.prompts}")
@@ -132,6 +136,7 @@ def measure(
     progress: bool = True,
     on_point: Callable[[dict, bool], None] | None = None,
     loaded: tuple[Any, Any] | None = None,
+    verified: Any = None,
     **knobs,
 ) -> dict[str, Any]:
     """Measure `model_spec` and write the "measure" artifact to `out`; returns its payload.
@@ -141,7 +146,8 @@ def measure(
 
     knobs: any `MeasureConfig` field (depths, ns, kernels, prompts, reps, ks, acceptances,
     new_tokens, ...) overriding the preset (`full` picks the paper's). `on_point(key, resumed)` runs
-    after each point (the progress bar advances there too).
+    after each point (the progress bar advances there too). verified: the routing of the verified
+    text (`verify.verified_routing`, a RoutingTrace or its file), required by and only by op_layers.
     """
     from moespec.models.load import load
     from moespec.moe import registry
@@ -150,6 +156,14 @@ def measure(
     if unknown:
         raise TypeError(f"unknown measure knobs {sorted(unknown)}; known: {sorted(MeasureConfig.__dataclass_fields__)}")
     cfg = MeasureConfig.preset(full, **knobs)
+    if bool(cfg.op_layers) != (verified is not None):
+        raise ValueError(f"op_layers={list(cfg.op_layers)} and verified={verified!r}: timing the expert operation "
+                         "between the verify passes needs both (the layers, and the verified windows from "
+                         "`moespec trace-verified` / verify.verified_routing), or neither")
+    if verified is not None and not hasattr(verified, "doc_ids"):
+        from moespec.moe.traces import RoutingTrace
+
+        verified = RoutingTrace.load(verified)
     registry.register()
     model, tokenizer = loaded if loaded is not None else load(model_spec, seed=cfg.seed, layers=layers)
     draft, draft_name = _draft(draft_spec, prompt_lookup, cfg.seed)
@@ -175,7 +189,7 @@ def measure(
 
         common = dict(prompts=cfg.prompts, flush=flush, log=log, on_point=tick)
         verify_times = verify.run_verify(model, tokenizer, depths=cfg.depths, ns=cfg.ns, kernels=cfg.kernels,
-                                         reps=cfg.reps, **common)
+                                         reps=cfg.reps, windows=verified, op_layers=cfg.op_layers, **common)
         if cfg.scaling_from_verify:
             first = verify_times[0].samples[cfg.scaling_kernel]
             curve = verify.ScalingCurve(cfg.depths[0], cfg.scaling_kernel,

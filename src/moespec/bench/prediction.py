@@ -25,7 +25,7 @@ import numpy as np
 
 from moespec import artifacts
 from moespec.bench.sweep import baseline, cell_throughput, resample_throughput
-from moespec.bench.verify import DEDUP, SLOT, verified_depth
+from moespec.bench.verify import DEDUP, SLOT, VerifyTimes, verified_depth
 from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS, Prediction, predict, window_times
 from moespec.costmodel.score import Score, score
@@ -140,15 +140,44 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
     v = verify[depth]
     tau = {p: {int(n): float(t) for n, t in v["tau"][ENGINE_KERNELS[p]].items()}
            for p in ("slot", "dedup") if ENGINE_KERNELS[p] in v["tau"]}
-    return {"depth": depth, "tau": tau, "tau1": float(v["tau_meas_1"]), "h": [float(_get(h, k)) for k in ks]}
+    out = {"depth": depth, "tau": tau, "tau1": float(v["tau_meas_1"]), "h": [float(_get(h, k)) for k in ks]}
+    if v.get("ops"):  # the verified windows' operation, timed between the verify passes
+        times = VerifyTimes.from_dict(v)
+        out["ops"] = {p: {n: t.tolist() for n, t in times.op_times(ENGINE_KERNELS[p]).items()} for p in ("slot", "dedup")}
+        out["op_layers"] = list(times.op_layers)
+    return out
 
 
-def _operation_inputs(char: Mapping[str, Any], trace: RoutingTrace, ns: list[int], measured: bool, depth: int):
-    """(t_slot, t_dedup) for `predict`: fits at every recorded window's bytes, or measured times."""
+def _between_passes(base: Mapping[str, Any], source: list[int], ns: list[int]) -> dict[str, dict] | None:
+    """The measured times of `_measured_times`' shape from the base measurement's operation times on
+    the verified windows, timed between its passes, where it has them for every source layer and n."""
+    ops, layers = base.get("ops"), base.get("op_layers", [])
+    if not ops or not set(source) <= set(layers) or not set(ns) <= set(ops["slot"]):
+        return None
+    pick = [layers.index(c) for c in source]
+    return {p: {n: [ops[p][n][i] for i in pick] for n in (ns if p == "slot" else ns[1:])} for p in ("slot", "dedup")}
+
+
+def _windows_used(char: Mapping[str, Any], trace: RoutingTrace, base: Mapping[str, Any], depth: int) -> str:
+    """Which operation times the measured-time version takes at `depth` (`_operation_inputs`)."""
+    try:
+        inputs = base_inputs(base, depth)
+    except ValueError:
+        return windows_source(char, depth)
+    ns = sorted(inputs.get("ops", {}).get("slot", {}))
+    if _between_passes(inputs, nearest_layers(char["layers"], trace.num_layers), ns):
+        return "verified, timed between the verify passes"
+    return windows_source(char, depth)
+
+
+def _operation_inputs(char: Mapping[str, Any], trace: RoutingTrace, ns: list[int], measured: bool, depth: int,
+                      base: Mapping[str, Any] | None = None):
+    """(t_slot, t_dedup) for `predict`: fits at every recorded window's bytes, or measured times: those
+    the base measurement took between its passes where it did, else the characterization's."""
     L, m = trace.num_layers, trace.top_k
     source = nearest_layers(char["layers"], L)
     if measured:
-        got = _measured_times(char, source, ns, depth)
+        got = _between_passes(base or {}, source, ns) or _measured_times(char, source, ns, depth)
         if isinstance(got, str):
             return got
         return got["slot"], got["dedup"]
@@ -176,8 +205,8 @@ def predict_from_artifacts(
 
     version: "prediction" (each characterized layer's fit at the union bytes of every recorded
     window, eq. (4)/(E.1)), "measured-time" (each layer's measured operation time on the windows
-    the verify passes at this depth verified, where the characterization timed them, else on its
-    recorded windows) or "calibrated" (the measured-time version, or the
+    the verify passes at this depth verified: timed between those passes where the base measurement
+    did, else by the characterization where it timed them, else on its recorded windows) or "calibrated" (the measured-time version, or the
     prediction where no measured times exist, plus the growth with n of the time outside the
     expert operation from τ_slot(n)). Uncharacterized layers take the nearest characterized
     layer's fit and times: all MoE layers of a model share their widths.
@@ -195,7 +224,7 @@ def predict_from_artifacts(
         ns.append(len(ns) + 1)
     if len(ns) < 2:
         raise ValueError(f"pass sizes shared by the characterization and the verify times: {ns}; need 1..n_max >= 2")
-    ops = _operation_inputs(char, trace, ns, measured=version != "prediction", depth=base["depth"])
+    ops = _operation_inputs(char, trace, ns, measured=version != "prediction", depth=base["depth"], base=base)
     if isinstance(ops, str):
         if version == "measured-time":
             raise ValueError(ops)
@@ -222,7 +251,7 @@ def predict_all(characterization, traces, measurement_base, *, acceptance: Seque
     for v in base.get("verify", []):
         d = int(v["depth"])
         entry: dict[str, Any] = {"depth": d, "versions": {}, "unavailable": {},
-                                 "measured_time_windows": windows_source(char, d)}
+                                 "measured_time_windows": _windows_used(char, trace, base, d)}
         for version in VERSIONS:
             try:
                 entry["versions"][version] = predict_from_artifacts(

@@ -132,10 +132,15 @@ class VerifyTimes:
     """Verify-pass samples at one depth d.
 
     samples[kernel][n] holds seconds shaped [P, R] (prompt x repetition); the medians are τ_p(n).
+    ops[kernel][n], where timed (`run_verify` with verified windows), holds the expert operation's
+    seconds on each pass's own window, shaped [P, R, L] over `op_layers`, each taken right after
+    its pass.
     """
 
     depth: int
     samples: dict[str, dict[int, np.ndarray]]
+    ops: dict[str, dict[int, np.ndarray]] | None = None
+    op_layers: tuple[int, ...] = ()
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -154,6 +159,14 @@ class VerifyTimes:
         """τ_meas(1), the one-token verify time of eq. (22): the per-slot kernel's (or the only one's)."""
         kernel = SLOT if SLOT in self.samples else self.kernels[0]
         return self.tau(kernel)[1] if 1 in self.samples[kernel] else float("nan")
+
+    def op_times(self, kernel: str) -> dict[int, np.ndarray]:
+        """Each of `op_layers`' operation time on the verified windows, timed between the passes: the
+        median over repetitions, averaged over prompts (the windows), {n: [L]} seconds."""
+        if not self.ops:
+            raise ValueError(f"no operation times at depth {self.depth}; run_verify times them when given the "
+                             "verified windows and op_layers")
+        return {n: np.median(s, axis=1).mean(axis=0) for n, s in sorted(self.ops[kernel].items())}
 
     def savings(self, *, resamples: int = 2000, seed: int = 0) -> list[Saving]:
         """S(n) with its 95% bootstrap interval at every measured n; empty unless both kernels ran."""
@@ -175,11 +188,16 @@ class VerifyTimes:
             "tau_meas_1": self.tau_meas_1,
             "saving": [s.to_dict() for s in self.savings()],
             "samples": {p: {str(n): s.tolist() for n, s in sorted(ns.items())} for p, ns in self.samples.items()},
+            **({"op_layers": list(self.op_layers),
+                "ops": {p: {str(n): s.tolist() for n, s in sorted(ns.items())} for p, ns in self.ops.items()}}
+               if self.ops else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "VerifyTimes":
-        return cls(depth=int(d["depth"]), samples={p: _as_samples(v) for p, v in d["samples"].items()})
+        ops = {p: _as_samples(v) for p, v in d["ops"].items()} if d.get("ops") else None
+        return cls(depth=int(d["depth"]), samples={p: _as_samples(v) for p, v in d["samples"].items()}, ops=ops,
+                   op_layers=tuple(int(l) for l in d.get("op_layers", ())))
 
 
 @dataclass(frozen=True)
@@ -219,6 +237,7 @@ def time_passes(
     reps: int = 5,
     warmup: int = 1,
     flush: Callable[[], None] | None = None,
+    between: Callable[[int, str], list[float]] | None = None,
 ) -> dict[str, dict[str, list[float]]]:
     """Seconds of `reps` passes of n tokens on one prompt prefilled to `depth`, per kernel and n.
 
@@ -229,6 +248,11 @@ def time_passes(
     could land on a slow minute and the verify times would not even grow with n). Returns
     {kernel: {str(n): [R]}}, keyed as JSON keeps it, so a fresh result and one read back from a
     point log look alike.
+
+    between(n, kernel): called after each timed pass (and after each warm-up pass, its result
+    dropped) with the pass's n and kernel; what it returns is kept under "ops" as
+    {kernel: {str(n): [R] results}}. `run_verify` times the expert operation on the pass's own
+    window there, so that operation and pass share the machine's moment.
     """
     from moespec.engine.cached import CachedModel
 
@@ -254,11 +278,14 @@ def time_passes(
 
     names = [str(k) for k in kernels]
     out: dict[str, dict[str, list[float]]] = {name: {str(n): [] for n in ns} for name in names}
+    ops: dict[str, dict[str, list]] = {name: {str(n): [] for n in ns} for name in names}
     for n in ns:
         tokens = ids[depth : depth + n]
-        for kernel in kernels:
+        for kernel, name in zip(kernels, names):
             switch(kernel)
             measure(lambda: cached.extend(tokens), reps=1, warmup=warmup, flush=cut_back)
+            if between is not None and warmup:
+                between(n, name)
     for rep in range(reps):  # rounds over every n, in an order that rotates by one each round
         for n in ns[rep % len(ns):] + ns[: rep % len(ns)]:
             tokens = ids[depth : depth + n]
@@ -266,8 +293,10 @@ def time_passes(
                 switch(kernel)
                 t: Timing = measure(lambda: cached.extend(tokens), reps=1, warmup=0, flush=cut_back)
                 out[name][str(n)].append(t.samples[0])
+                if between is not None:
+                    ops[name][str(n)].append(between(n, name))
     cached.truncate(depth)
-    return out
+    return {**out, "ops": ops} if between is not None else out
 
 
 def verified_routing(model, tokenizer, *, depths: Sequence[int] = (512,), prompts: int = PROMPT_COUNT,
@@ -343,30 +372,78 @@ def run_verify(
     flush: Callable[[], None] | None = None,
     log=None,
     on_point: OnPoint | None = None,
+    windows=None,
+    op_layers: Sequence[int] = (),
 ) -> list[VerifyTimes]:
     """τ_p(n) at each depth on `prompts` built-in prompts; one logged point per (depth, prompt).
 
     `log` is a `moespec.artifacts.PointLog`: finished points are read back instead of measured.
+    windows: the `verified_routing` trace of these passes, and op_layers: MoE layers; given both,
+    the expert operation of each of those layers is timed on each pass's own window right after
+    the pass, with the same kernel (`VerifyTimes.ops`), so that the measured-time version's saving
+    and the measured one share the machine's moments (a block timed minutes apart missed the
+    measured saving by 11-14% of τ_dedup, one timed between the passes by 4-7%:
+    benchmarks/interleaved_saving.py).
     """
     ns = sorted(set(int(n) for n in ns))
+    op_layers = [int(l) for l in op_layers] if windows is not None else []
     out = []
     for depth in depths:
         per_prompt = []
         for i, ids in enumerate(prompt_ids(tokenizer, depth + ns[-1], prompts)):
             key = {"part": "verify", "depth": depth, "prompt": i, "ns": ns, "kernels": list(kernels), "reps": reps}
+            between = None
+            if op_layers:
+                key["op_layers"] = op_layers
+                between = _operation_timer(model, windows, f"d{depth}/p{i}", op_layers, ns, flush)
             per_prompt.append(
                 _logged(
                     log,
                     key,
-                    lambda: time_passes(model, ids, depth, ns, kernels, reps=reps, warmup=warmup, flush=flush),
+                    lambda: time_passes(model, ids, depth, ns, kernels, reps=reps, warmup=warmup, flush=flush,
+                                        between=between),
                     on_point,
                 )
             )
         samples = {
             str(p): {n: np.array([pp[str(p)][str(n)] for pp in per_prompt]) for n in ns} for p in kernels
         }
-        out.append(VerifyTimes(depth=depth, samples=samples))
+        ops = ({str(p): {n: np.array([pp["ops"][str(p)][str(n)] for pp in per_prompt]) for n in ns} for p in kernels}
+               if op_layers else None)
+        out.append(VerifyTimes(depth=depth, samples=samples, ops=ops, op_layers=tuple(op_layers)))
     return out
+
+
+OPERATION_KERNEL = {SLOT: "slot", DEDUP: "dedup"}  # a whole-model kernel -> the same kernel on the operation
+
+
+def _operation_timer(model, windows, doc_id: str, layers: Sequence[int], ns: Sequence[int],
+                     flush: Callable[[], None] | None) -> Callable[[int, str], list[float]]:
+    """f(n, kernel) -> [L] seconds: each layer's expert operation with `kernel` on the first n tokens
+    of the verified window `doc_id` (the pass just timed), one timed call each, flushed before."""
+    from moespec.bench import expert_op
+
+    if doc_id not in windows.doc_ids:
+        raise ValueError(f"the verified windows have no document {doc_id!r} (they have {list(windows.doc_ids)}); "
+                         "record them with verify.verified_routing at the same depths and prompts")
+    doc = list(windows.doc_ids).index(doc_id)
+    experts = {l: expert_op.layer_experts(model, l) for l in layers}
+    param = next(experts[layers[0]].parameters())
+    hidden = param.shape[1] if getattr(experts[layers[0]], "is_transposed", False) else param.shape[-1]
+    inputs = {(l, p.n): expert_op.pass_inputs(p, hidden, param.dtype, param.device)
+              for l in layers for p in expert_op.verified_passes(windows, l, ns) if p.index == doc}
+
+    def timed(n: int, kernel: str) -> list[float]:
+        fn = expert_op.kernel_fn(OPERATION_KERNEL[kernel], experts[layers[0]])
+        times = []
+        with torch.inference_mode():
+            for l in layers:
+                h, index, weights = inputs[(l, n)]
+                times.append(measure(lambda: fn(experts[l], h, index, weights), reps=1, warmup=0,
+                                     flush=flush).samples[0])
+        return times
+
+    return timed
 
 
 def run_scaling(

@@ -33,6 +33,11 @@ def measure_command(
     layers: Optional[int] = typer.Option(None, "--layers", help="layers of a synthetic preset"),
     flush: bool = typer.Option(True, "--flush/--no-flush", help="flush the cache before each timed pass (App. D)"),
     out: Path = typer.Option(Path("measurement.json"), "--out", help="where to write the measure artifact"),
+    verified: Optional[Path] = typer.Option(
+        None, "--verified", help="routing of the verified text (`moespec trace-verified`): time the expert operation "
+        "of --op-layers on each verify pass's own window right after the pass (for the measured-time version)"),
+    op_layers: str = typer.Option("0,mid", "--op-layers", help="with --verified: MoE layers, ints or 'mid' "
+                                  "(give the characterized ones)"),
 ) -> None:
     """Measure τ_p(n), S(n), the scaling curve, h(k) and the oracle (and draft) sweeps; resumable."""
     from moespec.bench.measure import measure
@@ -45,8 +50,14 @@ def measure_command(
     if not flush:
         knobs["flush"] = False
     try:
+        if verified is not None:
+            from moespec.bench.expert_op import resolve_layers
+            from moespec.moe.traces import RoutingTrace
+
+            windows = RoutingTrace.load(verified)
+            knobs.update(verified=windows, op_layers=resolve_layers(op_layers.split(","), windows.num_layers))
         payload = measure(model, draft_spec=draft, prompt_lookup=prompt_lookup, full=full, out=out, layers=layers, **knobs)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
     console = Console()
     table = Table("depth", "n", "τ_slot ms", "τ_dedup ms", "S(n) ms [95% CI]", title=f"verify times, {model}")
