@@ -6,7 +6,8 @@
 Each step writes one artifact into the run folder and is skipped when that artifact exists, so a
 second run reuses finished work and an interrupted one resumes through the point logs that
 `characterize` and `measure` keep. The prediction is written after the *base* measurement (verify
-times τ_p(n) and an h(k) probe, the oracle at one acceptance off the scored grid) and before any
+times τ_p(n), the characterized layers' operation on each pass's window timed right after the pass,
+and an h(k) probe, the oracle at one acceptance off the scored grid) and before any
 scored sweep runs: predict never reads a sweep it is scored against (Sec. 4).
 
 Both measurement phases share one point log (`measurement.points.jsonl`), so the verify times and
