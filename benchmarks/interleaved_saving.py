@@ -1,12 +1,14 @@
 """Whether the expert operation's times, taken between the verify passes, predict the saving better.
 
 The measured-time version's saving Ŝ(n) = Σ_l (t̄_slot,l(n) − t̄_dedup,l(n)) (cost-model paper, (22))
-comes from the operation times of the verify passes' own windows, which `moespec characterize` takes
-minutes before `moespec measure` times the whole-model passes; the calibrated version's verify time
-with deduplication on, τ_slot(n) measured − Ŝ(n), inherits any drift of the machine in between. This
-benchmark times, on one model and the chain's demo setting (depth 512, 2 prompts, n = 1..9), the
-same windows' operation in three stretches: a block before the whole-model passes, right after each
-whole-model pass (the same prompt, n and kernel), and a block after; and reports each Ŝ(n)'s largest
+comes from the operation times of the verify passes' own windows. Timed in a stretch of its own (as
+`moespec characterize` does, minutes before `moespec measure` times the whole-model passes), the
+calibrated version's verify time with deduplication on, τ_slot(n) measured − Ŝ(n), inherits any
+drift of the machine in between. This benchmark times, on one model and the chain's demo setting
+(depth 512, 2 prompts, n = 1..9), the same windows' operation with the chain's own timer
+(`bench.verify`) in three stretches: a block before the whole-model passes, right after each
+whole-model pass (the same prompt, n and kernel: what `measure --verified` does), and a block
+after; and reports each Ŝ(n)'s largest
 distance from the measured S(n) = τ_slot(n) − τ_dedup(n), over τ_dedup(n), n = 2..9: the calibrated
 version's verify-time error (goal <= 10%) under each way of timing.
 
@@ -20,21 +22,16 @@ import argparse
 import time
 
 import numpy as np
-import torch
 from rich.console import Console
 from rich.table import Table
 
 from moespec import artifacts
-from moespec.bench import expert_op
-from moespec.bench.timing import measure
 from moespec.bench.verify import (
-    DEDUP, KERNELS, PREFILL_CHUNK, SLOT, avoid_slot_prefill, default_flusher, prompt_ids, verified_routing,
+    DEDUP, KERNELS, SLOT, _operation_timer, default_flusher, prompt_ids, time_passes, verified_routing,
 )
-from moespec.engine.cached import CachedModel
 from moespec.models.load import load
 
 DEPTH, NS, PROMPTS = 512, tuple(range(1, 10)), 2
-OP = {SLOT: "slot", DEDUP: "dedup"}  # whole-model kernel -> the same kernel on the operation alone
 STRETCHES = ("block before", "with each pass", "block after")
 
 
@@ -49,67 +46,36 @@ def main() -> None:
 
     model, tok = load(args.model, seed=0)
     windows = verified_routing(model, tok, depths=(DEPTH,), prompts=PROMPTS, n_max=max(NS), model_spec=args.model)
-    layers = range(windows.num_layers)
+    layers = list(range(windows.num_layers))
     flush = default_flusher(True)
-    avoid_slot_prefill(model)
-    caches = []
-    for ids in prompt_ids(tok, DEPTH + max(NS), count=PROMPTS):
-        cached, ids = CachedModel(model), torch.as_tensor(ids)
-        for s in range(0, DEPTH, PREFILL_CHUNK):
-            cached.extend(ids[s : min(s + PREFILL_CHUNK, DEPTH)])
-        caches.append((cached, ids))
-    experts = [expert_op.layer_experts(model, l) for l in layers]
-    param = next(experts[0].parameters())
-    H = param.shape[1] if getattr(experts[0], "is_transposed", False) else param.shape[-1]
-    inputs = {(l, p.n, p.index): expert_op.pass_inputs(p, H, param.dtype, param.device)
-              for l in layers for p in expert_op.verified_passes(windows, l, NS)}
+    prompts = prompt_ids(tok, DEPTH + max(NS), count=PROMPTS)
+    # the chain's own timer (`run_verify`): each layer's operation on the prompt's window of n tokens
+    timers = [_operation_timer(model, windows, f"d{DEPTH}/p{i}", layers, NS, flush) for i in range(PROMPTS)]
 
-    def op_time(n: int, prompt: int, kernel: str) -> float:
-        """The operation of every layer on the prompt's window of n tokens: the sum of their times."""
-        total = 0.0
-        for l in layers:
-            hidden, index, weights = inputs[(l, n, prompt)]
-            fn = expert_op.kernel_fn(OP[kernel], experts[l])
-            with torch.inference_mode():
-                total += measure(lambda: fn(experts[l], hidden, index, weights), reps=1, warmup=0,
-                                 flush=flush).samples[0]
-        return total
-
-    def verify_time(n: int, prompt: int, kernel: str) -> float:
-        cached, ids = caches[prompt]
-        model.set_experts_implementation(kernel)
-
-        def cut_back() -> None:
-            cached.truncate(DEPTH)
-            flush()
-
-        return measure(lambda: cached.extend(ids[DEPTH : DEPTH + n]), reps=1, warmup=0, flush=cut_back).samples[0]
-
-    def rounds():  # n rotates by one each round, as `bench.verify.time_passes` does
+    def op_block() -> dict:
+        """The operation alone, in rounds over n (rotating), prompts and kernels, as the passes run."""
+        out = {k: {n: [] for n in NS} for k in KERNELS}
         for r in range(args.reps):
             for n in NS[r % len(NS):] + NS[: r % len(NS)]:
-                for prompt in range(PROMPTS):
+                for timer in timers:
                     for kernel in KERNELS:
-                        yield n, prompt, kernel
+                        out[kernel][n].append(sum(timer(n, kernel)))
+        return out
 
-    def empty() -> dict:
-        return {k: {n: [] for n in NS} for k in KERNELS}
-
-    for n, prompt, kernel in [(n, p, k) for n in NS for p in range(PROMPTS) for k in KERNELS]:  # warm-up
-        verify_time(n, prompt, kernel)
-        op_time(n, prompt, kernel)
+    for timer in timers:  # warm-up
+        for n in NS:
+            for kernel in KERNELS:
+                timer(n, kernel)
     started = time.time()
-    ops = {s: empty() for s in STRETCHES}
-    verify = empty()
-    for n, prompt, kernel in rounds():
-        ops["block before"][kernel][n].append(op_time(n, prompt, kernel))
+    ops = {"block before": op_block()}
     print(f"block before: {time.time() - started:.0f} s", flush=True)
-    for n, prompt, kernel in rounds():
-        verify[kernel][n].append(verify_time(n, prompt, kernel))
-        ops["with each pass"][kernel][n].append(op_time(n, prompt, kernel))
+    passes = [time_passes(model, ids, DEPTH, NS, KERNELS, reps=args.reps, flush=flush, between=timer)
+              for ids, timer in zip(prompts, timers)]
+    verify = {k: {n: [t for p in passes for t in p[k][str(n)]] for n in NS} for k in KERNELS}
+    ops["with each pass"] = {k: {n: [sum(t) for p in passes for t in p["ops"][k][str(n)]] for n in NS}
+                             for k in KERNELS}
     print(f"with each pass: {time.time() - started:.0f} s", flush=True)
-    for n, prompt, kernel in rounds():
-        ops["block after"][kernel][n].append(op_time(n, prompt, kernel))
+    ops["block after"] = op_block()
 
     def saving(times: dict) -> np.ndarray:
         return np.array([np.median(times[SLOT][n]) - np.median(times[DEDUP][n]) for n in NS])

@@ -382,7 +382,7 @@ def run_verify(
     the expert operation of each of those layers is timed on each pass's own window right after
     the pass, with the same kernel (`VerifyTimes.ops`), so that the measured-time version's saving
     and the measured one share the machine's moments (a block timed minutes apart missed the
-    measured saving by 11-14% of τ_dedup, one timed between the passes by 4-7%:
+    measured saving by up to 14-21% of τ_dedup, one timed between the passes by 4-8%:
     benchmarks/interleaved_saving.py).
     """
     ns = sorted(set(int(n) for n in ns))
