@@ -27,7 +27,7 @@ from rich.table import Table
 
 from moespec import artifacts
 from moespec.bench.verify import (
-    DEDUP, KERNELS, SLOT, _operation_timer, default_flusher, prompt_ids, time_passes, verified_routing,
+    DEDUP, KERNELS, SLOT, default_flusher, operation_timer, prompt_ids, time_passes, verified_routing,
 )
 from moespec.models.load import load
 
@@ -50,7 +50,7 @@ def main() -> None:
     flush = default_flusher(True)
     prompts = prompt_ids(tok, DEPTH + max(NS), count=PROMPTS)
     # the chain's own timer (`run_verify`): each layer's operation on the prompt's window of n tokens
-    timers = [_operation_timer(model, windows, f"d{DEPTH}/p{i}", layers, NS, flush) for i in range(PROMPTS)]
+    timers = [operation_timer(model, windows, f"d{DEPTH}/p{i}", layers, NS, flush) for i in range(PROMPTS)]
 
     def op_block() -> dict:
         """The operation alone, in rounds over n (rotating), prompts and kernels, as the passes run."""

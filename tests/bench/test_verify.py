@@ -118,20 +118,25 @@ def test_scaling_curve_is_relative_to_one_token(tiny):
     assert ScalingCurve.from_dict(curve.to_dict()).ratio == curve.ratio
 
 
+def _watch_passes(model, seen) -> None:
+    """Make every forward pass of `model` call seen(its token count) first."""
+    forward = model.forward
+
+    def spy(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        seen(int(ids.shape[-1]))
+        return forward(*args, **kwargs)
+
+    model.forward = spy
+
+
 def test_time_passes_runs_repetitions_in_rounds_over_every_n():
     """After one warm-up per (n, kernel), the timed passes go round by round: every n once per round."""
     from moespec.bench.verify import time_passes
 
     model, tok = build("olmoe-tiny")
     sizes = []
-    forward = model.forward
-
-    def spy(*args, **kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        sizes.append(int(ids.shape[-1]))
-        return forward(*args, **kwargs)
-
-    model.forward = spy
+    _watch_passes(model, sizes.append)
     ids = tok.encode("x" * 40, add_bos=True)
     out = time_passes(model, ids, 16, [1, 2, 3], [SLOT, DEDUP], reps=3, warmup=1)
     timed = [n for n in sizes if n <= 3][12:]  # after the prefill and 2 untimed + timed warm-ups per (n, kernel)
@@ -145,19 +150,12 @@ def test_time_passes_calls_between_right_after_each_timed_pass():
 
     model, tok = build("olmoe-tiny")
     events = []
-    forward = model.forward
-
-    def spy(*args, **kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids.shape[-1] <= 3:
-            events.append(("pass", int(ids.shape[-1])))
-        return forward(*args, **kwargs)
+    _watch_passes(model, lambda n: events.append(("pass", n)) if n <= 3 else None)
 
     def between(n, kernel):
         events.append(("between", n, kernel))
         return [float(n), 2.0]
 
-    model.forward = spy
     out = time_passes(model, tok.encode("x" * 40, add_bos=True), 16, [1, 2, 3], [SLOT, DEDUP], reps=2, warmup=1,
                       between=between)
     assert out["ops"][DEDUP]["2"] == [[2.0, 2.0]] * 2 and set(out["ops"]) == {SLOT, DEDUP}

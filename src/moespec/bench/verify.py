@@ -395,7 +395,7 @@ def run_verify(
             between = None
             if op_layers:
                 key["op_layers"] = op_layers
-                between = _operation_timer(model, windows, f"d{depth}/p{i}", op_layers, ns, flush)
+                between = operation_timer(model, windows, f"d{depth}/p{i}", op_layers, ns, flush)
             per_prompt.append(
                 _logged(
                     log,
@@ -417,7 +417,7 @@ def run_verify(
 OPERATION_KERNEL = {SLOT: "slot", DEDUP: "dedup"}  # a whole-model kernel -> the same kernel on the operation
 
 
-def _operation_timer(model, windows, doc_id: str, layers: Sequence[int], ns: Sequence[int],
+def operation_timer(model, windows, doc_id: str, layers: Sequence[int], ns: Sequence[int],
                      flush: Callable[[], None] | None) -> Callable[[int, str], list[float]]:
     """f(n, kernel) -> [L] seconds: each layer's expert operation with `kernel` on the first n tokens
     of the verified window `doc_id` (the pass just timed), one timed call each, flushed before."""
