@@ -72,7 +72,9 @@ def test_a_run_asking_for_more_oracle_repetitions_measures_the_sweep_again(run, 
 def test_a_run_asking_for_more_verify_repetitions_measures_and_predicts_again(run, tmp_path):
     out, again, lines = _rerun_copy(run, tmp_path, reps=2)
     # the prediction reads the base measurement, and the sweep is scored against the prediction
-    assert again.ran == ("measure-base", "predict", "measure-sweep", "score")
+    # the second repetition reads the continuation 3 tokens further: its routing is recorded again
+    assert again.ran == ("trace-verified", "measure-base", "predict", "measure-sweep", "score")
+    assert any("holds 3 tokens per continuation, the verify passes read 6" in line for line in lines)
     assert any("reps 1, this run 2; measuring it again" in line for line in lines)
     base = artifacts.load(out / "measurement-base.json", "measure")["payload"]
     assert base["config"]["reps"] == 2

@@ -190,6 +190,10 @@ def run_demo(
         return held[0], held[1]
 
     step("trace", paths[TRACES], lambda: _trace(*loaded(), config, paths[TRACES]))
+    short = _verified_too_short(config, paths[VERIFIED])
+    if short:  # more verify repetitions read further into the continuation; its first rows stay the same
+        echo(f"[trace-verified] {VERIFIED} {short}; recording it again")
+        paths[VERIFIED].unlink()
     step("trace-verified", paths[VERIFIED], lambda: _trace_verified(*loaded(), config, paths[VERIFIED]))
     step("characterize", paths[CHARACTERIZATION],
          lambda: _characterize(loaded()[0], config, paths[TRACES], paths[VERIFIED], paths[CHARACTERIZATION], progress))
@@ -266,11 +270,30 @@ def _measure_config(config: DemoConfig):
     return MeasureConfig.preset(config.full, **config.measure)
 
 
+def _verified_length(config: DemoConfig) -> int:
+    """Tokens of each prompt's continuation that the verify passes read (`verify.continuation_length`)."""
+    from moespec.bench.verify import continuation_length
+
+    m = _measure_config(config)
+    return continuation_length(m.reps, max(m.ns), m.stride)
+
+
+def _verified_too_short(config: DemoConfig, path: Path) -> str:
+    """"" unless the verified routing at `path` holds fewer tokens than this config's passes read."""
+    if not path.exists():
+        return ""
+    from moespec.moe.traces import RoutingTrace
+
+    have, need = min(len(d) for d in RoutingTrace.load(path).documents), _verified_length(config)
+    return f"holds {have} tokens per continuation, the verify passes read {need}" if have < need else ""
+
+
 def _trace_verified(net, tok, config: DemoConfig, path: Path) -> None:
     from moespec.bench.verify import verified_routing
 
     m = _measure_config(config)
-    verified_routing(net, tok, depths=m.depths, prompts=m.prompts, n_max=max(m.ns), model_spec=config.model).save(path)
+    verified_routing(net, tok, depths=m.depths, prompts=m.prompts, n_max=max(m.ns), length=_verified_length(config),
+                     model_spec=config.model).save(path)
 
 
 def _characterize(net, config: DemoConfig, traces: Path, verified: Path, path: Path, progress: bool) -> None:

@@ -152,25 +152,73 @@ def test_time_passes_calls_between_right_after_each_timed_pass():
     events = []
     _watch_passes(model, lambda n: events.append(("pass", n)) if n <= 3 else None)
 
-    def between(n, kernel):
-        events.append(("between", n, kernel))
+    def between(n, kernel, start):
+        events.append(("between", n, kernel, start))
         return [float(n), 2.0]
 
     out = time_passes(model, tok.encode("x" * 40, add_bos=True), 16, [1, 2, 3], [SLOT, DEDUP], reps=2, warmup=1,
-                      between=between)
+                      between=between, stride=4)  # the 4 tokens fed between rounds are no pass of n <= 3
     assert out["ops"][DEDUP]["2"] == [[2.0, 2.0]] * 2 and set(out["ops"]) == {SLOT, DEDUP}
-    timed = events[[i for i, e in enumerate(events) if e[0] == "between"][5] + 1:]  # after the 6 warm-up calls
-    # every timed pass is followed by one call with its own n and kernel, before the next pass
+    warm = [i for i, e in enumerate(events) if e[0] == "between"][:6]
+    assert all(events[i][3] == 0 for i in warm)  # warm-up passes read the first window
+    timed = [e for e in events[warm[-1] + 1:] if not (e[0] == "pass" and e[1] > 3)]
+    # every timed pass is followed by one call with its own n, kernel and window, before the next pass
     assert [e[0] for e in timed] == ["pass", "between"] * (2 * 3 * 2)
     assert all(p[1] == b[1] for p, b in zip(timed[::2], timed[1::2]))
     assert [b[2] for b in timed[1::2]] == [SLOT, DEDUP] * 6
+    assert [b[3] for b in timed[1::2]] == [0] * 6 + [4] * 6  # round r reads the window 4r tokens in
+
+
+def test_time_passes_with_a_stride_verifies_later_windows_over_the_text_before_them():
+    """Repetition r passes ids[d + s r : d + s r + n] on a cache holding exactly ids[:d + s r]."""
+    from moespec.bench.verify import time_passes
+    from moespec.engine import cached
+
+    model, tok = build("olmoe-tiny")
+    ids = list(range(40, 80))
+    seen = []
+    extend = cached.CachedModel.extend
+
+    def spy(self, tokens):
+        seen.append((self.length, [int(t) for t in tokens.reshape(-1)]))
+        return extend(self, tokens)
+
+    cached.CachedModel.extend = spy
+    try:
+        time_passes(model, ids, 16, [1, 2], [DEDUP], reps=3, warmup=0, stride=3)
+    finally:
+        cached.CachedModel.extend = extend
+    passes = [(at, t) for at, t in seen if at >= 16]  # the timed passes and the extensions between rounds
+    for at, t in passes:  # every call reads the tokens right after what the cache holds
+        assert t == ids[at:at + len(t)]
+    assert sorted({at for at, _ in passes}) == [16, 19, 22]
+    with pytest.raises(ValueError, match="cannot hold depth 16 plus 3 passes"):
+        time_passes(model, ids[:23], 16, [1, 2], [DEDUP], reps=3, warmup=0, stride=3)
+
+
+def test_verified_text_is_the_targets_greedy_continuation(tiny):
+    """Teacher-forced once, the model's argmax after each prefix is the next continuation token."""
+    import torch
+
+    from moespec.bench.verify import verified_texts
+
+    model, tok = tiny
+    (text,) = verified_texts(model, tok, 16, 1, 6)
+    assert len(text) == 22 and text[:16] == prompt_ids(tok, 16, 1)[0]
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([text])).logits[0, 15:21, :len(tok)]
+    assert logits.argmax(-1).tolist() == text[16:]
 
 
 def test_verify_times_the_operation_on_each_passs_own_window(tiny, tmp_path):
-    from moespec.bench.verify import verified_routing
+    from moespec.bench.verify import continuation_length, verified_routing
 
     model, tok = tiny
-    windows = verified_routing(model, tok, depths=(16,), prompts=2, n_max=2)
+    with pytest.raises(ValueError, match=r"shorter than the 8 tokens.*verified_routing\(length=8\)"):
+        run_verify(model, tok, depths=(16,), ns=(1, 2), prompts=2, reps=3, windows=verified_routing(
+            model, tok, depths=(16,), prompts=2, n_max=2), op_layers=(0,))
+    windows = verified_routing(model, tok, depths=(16,), prompts=2, n_max=2, length=continuation_length(3, 2))
+    assert [len(d) for d in windows.documents] == [8, 8]
     log = PointLog(tmp_path / "v.points.jsonl")
     (vt,) = run_verify(model, tok, depths=(16,), ns=(1, 2), prompts=2, reps=3, log=log, windows=windows,
                        op_layers=(1, 0))

@@ -71,7 +71,8 @@ def test_trace_verified_then_characterize_times_the_verified_windows(tmp_path):
                                     "--prompts", "2", "--n-max", "3", "--out", str(verified)])
     assert made.exit_code == 0, made.output
     windows = RoutingTrace.load(verified)
-    assert windows.doc_ids == ("d16/p0", "d16/p1") and [d.shape[0] for d in windows.documents] == [3, 3]
+    # the continuation 3 verify repetitions (the default), 3 tokens apart, read with passes up to 3: 2 * 3 + 3
+    assert windows.doc_ids == ("d16/p0", "d16/p1") and [d.shape[0] for d in windows.documents] == [9, 9]
 
     traces = olmoe_tiny_trace(tmp_path / "traces.parquet")
     out = tmp_path / "char.json"

@@ -47,6 +47,8 @@ class MeasureConfig:
     # MoE layers whose expert operation is timed on each verify pass's own window right after the
     # pass (`verify.run_verify`); needs the verified windows (`measure(verified=...)`)
     op_layers: tuple[int, ...] = ()
+    # tokens of greedy continuation between the windows of two verify repetitions (`verify.time_passes`)
+    stride: int = verify.STRIDE
     temperature: float = 0.8
     seed: int = 0
 
@@ -60,6 +62,8 @@ class MeasureConfig:
             raise ValueError(
                 f"reps, oracle_reps and new_tokens must be >= 1, got {self.reps}, {self.oracle_reps}, {self.new_tokens}"
             )
+        if self.stride < 0:
+            raise ValueError(f"stride must be >= 0 tokens between verify windows, got {self.stride}")
         if self.oracle_steps is not None and self.oracle_steps < 1:
             raise ValueError(f"oracle_steps must be >= 1 rounds per run (or None), got {self.oracle_steps}")
         if any(d < 1 for d in self.depths) or not self.depths:
@@ -189,7 +193,8 @@ def measure(
 
         common = dict(prompts=cfg.prompts, flush=flush, log=log, on_point=tick)
         verify_times = verify.run_verify(model, tokenizer, depths=cfg.depths, ns=cfg.ns, kernels=cfg.kernels,
-                                         reps=cfg.reps, windows=verified, op_layers=cfg.op_layers, **common)
+                                         reps=cfg.reps, windows=verified, op_layers=cfg.op_layers, stride=cfg.stride,
+                                         **common)
         if cfg.scaling_from_verify:
             first = verify_times[0].samples[cfg.scaling_kernel]
             curve = verify.ScalingCurve(cfg.depths[0], cfg.scaling_kernel,

@@ -3,8 +3,12 @@ verify-batch scaling curve.
 
 τ_p(n) is the time of one forward pass of n tokens with kernel p while the KV cache holds a prompt
 of depth d (cost-model paper, eq. (5); Sec. 4 and App. D). Each prompt is prefilled once per depth;
-then every (n, kernel) pass is timed as `extend(n tokens)` with the cache cut back to d tokens
-before each call, outside the timed interval. Kernels alternate call by call and repetitions run in
+then every (n, kernel) pass is timed as `extend(n tokens)` with the cache cut back before each
+call, outside the timed interval. The n tokens are the target's greedy continuation of the prompt,
+the text a speculative step verifies (the oracle sweep's drafts are those very tokens), and
+repetition r verifies the window starting `stride`·r tokens into it, over a cache holding the
+prompt and the continuation before the window: the passes, the operation timed between them and
+the sweep then verify the same text (Sec. 4: "the recorded routing of the verified continuations"). Kernels alternate call by call and repetitions run in
 rounds over every n, so slow drift of the machine falls on all points alike. The saving
 S(n) = τ_slot(n) − τ_dedup(n) (eq. (6)) gets a 95% bootstrap interval that resamples prompts, then
 repetitions within each prompt, pairing the two kernels' samples of the same (prompt, repetition).
@@ -29,6 +33,7 @@ KERNELS = (SLOT, DEDUP)
 PROMPT_COUNT = 6
 PROMPT_SEPARATOR = "\n\n"
 PREFILL_CHUNK = 512
+STRIDE = 3  # tokens between the windows of two repetitions of a verify pass (`run_verify`)
 
 
 def prompt_texts(count: int = PROMPT_COUNT) -> list[str]:
@@ -64,6 +69,29 @@ def prompt_ids(tokenizer, length: int, count: int = PROMPT_COUNT) -> list[list[i
             j += 1
         out.append(ids[:length])
     return out
+
+
+def greedy_continuation(model, prompt: Sequence[int], length: int, vocab_limit: int | None = None) -> list[int]:
+    """The target's first `length` greedy tokens after `prompt` (untimed): the text a speculative
+    step verifies when every draft is right, and the reference the oracle draft corrupts."""
+    from moespec.engine.decode import generate
+
+    if length < 1:
+        raise ValueError(f"length must be >= 1 token, got {length}")
+    avoid_slot_prefill(model)
+    return list(generate(model, list(prompt), k=0, temperature=0.0, max_new_tokens=length,
+                         vocab_limit=vocab_limit, prefill_last=False).tokens)
+
+
+def verified_texts(model, tokenizer, depth: int, prompts: int, length: int) -> list[list[int]]:
+    """Per built-in prompt: its first `depth` tokens followed by `length` greedy tokens of the target."""
+    limit = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    return [ids + greedy_continuation(model, ids, length, limit) for ids in prompt_ids(tokenizer, depth, prompts)]
+
+
+def continuation_length(reps: int, n_max: int, stride: int = STRIDE) -> int:
+    """Tokens of continuation the verify passes read: the last repetition's window ends there."""
+    return stride * (reps - 1) + n_max
 
 
 @dataclass(frozen=True)
@@ -237,38 +265,45 @@ def time_passes(
     reps: int = 5,
     warmup: int = 1,
     flush: Callable[[], None] | None = None,
-    between: Callable[[int, str], list[float]] | None = None,
+    between: Callable[[int, str, int], list[float]] | None = None,
+    stride: int = 0,
 ) -> dict[str, dict[str, list[float]]]:
     """Seconds of `reps` passes of n tokens on one prompt prefilled to `depth`, per kernel and n.
 
-    `ids` holds the prompt: its first `depth` tokens fill the cache once, and the pass of n tokens
-    is ids[depth : depth + n]. Kernels are switched with `model.set_experts_implementation`
+    `ids` holds the prompt: its first `depth` tokens fill the cache once, and repetition r's pass of
+    n tokens is ids[s : s + n] with s = depth + stride·r, the cache holding ids[:s] (extended by the
+    stride between rounds, outside the timing; warm-up passes read s = depth). Kernels are switched with `model.set_experts_implementation`
     (None keeps the model's current one) and alternate call by call; repetitions run in rounds
     over every n, so a shared machine's drift falls on all pass sizes alike (timed n by n, one n
     could land on a slow minute and the verify times would not even grow with n). Returns
     {kernel: {str(n): [R]}}, keyed as JSON keeps it, so a fresh result and one read back from a
     point log look alike.
 
-    between(n, kernel): called after each timed pass (and after each warm-up pass, its result
-    dropped) with the pass's n and kernel; what it returns is kept under "ops" as
-    {kernel: {str(n): [R] results}}. `run_verify` times the expert operation on the pass's own
-    window there, so that operation and pass share the machine's moment.
+    between(n, kernel, start): called after each timed pass (and after each warm-up pass, its result
+    dropped) with the pass's n, kernel and window start s - depth; what it returns is kept under
+    "ops" as {kernel: {str(n): [R] results}}. `run_verify` times the expert operation on the pass's
+    own window there, so that operation and pass share the machine's moment.
     """
     from moespec.engine.cached import CachedModel
 
     ns = sorted(set(int(n) for n in ns))
     if not ns or ns[0] < 1:
         raise ValueError(f"pass sizes must be >= 1, got {ns}")
-    if depth < 1 or len(ids) < depth + ns[-1]:
-        raise ValueError(f"prompt of {len(ids)} tokens cannot hold depth {depth} plus a pass of {ns[-1]}")
+    if stride < 0:
+        raise ValueError(f"stride must be >= 0 tokens, got {stride}")
+    need = depth + stride * (reps - 1) + ns[-1]
+    if depth < 1 or len(ids) < need:
+        raise ValueError(f"ids of {len(ids)} tokens cannot hold depth {depth} plus {reps} passes of up to "
+                         f"{ns[-1]} tokens {stride} apart ({need} tokens)")
     ids = torch.as_tensor(list(ids), dtype=torch.int64)  # [len(ids)]
     avoid_slot_prefill(model)
     cached = CachedModel(model)
     for start in range(0, depth, PREFILL_CHUNK):  # chunks bound the [chunk, V] logits of a subword vocabulary
         cached.extend(ids[start : min(start + PREFILL_CHUNK, depth)])
+    base = depth  # the cache's length before each pass
 
     def cut_back() -> None:
-        cached.truncate(depth)
+        cached.truncate(base)
         if flush is not None:
             flush()
 
@@ -285,38 +320,47 @@ def time_passes(
             switch(kernel)
             measure(lambda: cached.extend(tokens), reps=1, warmup=warmup, flush=cut_back)
             if between is not None and warmup:
-                between(n, name)
+                between(n, name, 0)
     for rep in range(reps):  # rounds over every n, in an order that rotates by one each round
+        cached.truncate(base)
+        base = depth + stride * rep
+        if cached.length < base:  # untimed: the continuation before this round's window
+            cached.extend(ids[cached.length : base])
         for n in ns[rep % len(ns):] + ns[: rep % len(ns)]:
-            tokens = ids[depth : depth + n]
+            tokens = ids[base : base + n]
             for kernel, name in zip(kernels, names):
                 switch(kernel)
                 t: Timing = measure(lambda: cached.extend(tokens), reps=1, warmup=0, flush=cut_back)
                 out[name][str(n)].append(t.samples[0])
                 if between is not None:
-                    ops[name][str(n)].append(between(n, name))
+                    ops[name][str(n)].append(between(n, name, base - depth))
     cached.truncate(depth)
     return {**out, "ops": ops} if between is not None else out
 
 
 def verified_routing(model, tokenizer, *, depths: Sequence[int] = (512,), prompts: int = PROMPT_COUNT,
-                     n_max: int = 9, model_spec: str = ""):
+                     n_max: int = 9, length: int | None = None, model_spec: str = ""):
     """The routing of the text the verify passes verify: one trace document per (depth, prompt).
 
-    Document "d{depth}/p{i}" holds the routing [n_max, L, m] of the n_max tokens that `run_verify`
-    passes after prefilling prompt i to `depth` (prefilled in the same chunks, so each token sees the
-    same context): the pass of n tokens is its first n rows. The measured-time version of the
-    prediction times the expert operation on these windows (cost-model paper, Sec. 4: "the recorded
-    routing of the text the whole-model runs verified").
+    Document "d{depth}/p{i}" holds the routing [length, L, m] of the target's greedy continuation of
+    prompt i cut to `depth` (default length n_max), recorded after the prompt in the prefill's
+    chunks, so each token sees the same context: `run_verify`'s repetition r passes its rows
+    [stride·r, stride·r + n). The measured-time version of the prediction times the expert operation
+    on these windows (cost-model paper, Sec. 4: "the recorded routing of the verified continuations").
     """
     from moespec.moe.routing import record
     from moespec.moe.traces import RoutingTrace
 
     if n_max < 1:
         raise ValueError(f"n_max={n_max} must be >= 1 (the largest verify pass size)")
-    docs = [(f"d{d}/p{i}", ids) for d in depths for i, ids in enumerate(prompt_ids(tokenizer, d + n_max, prompts))]
-    full = record(model, docs, chunk=PREFILL_CHUNK, model_spec=model_spec, corpus=["moespec:data/prompts"])
-    return RoutingTrace([doc[-n_max:] for doc in full.documents], full.num_experts, full.expert_bytes,
+    length = n_max if length is None else int(length)
+    if length < n_max:
+        raise ValueError(f"length={length} must be >= n_max={n_max}, the largest verify pass")
+    docs = [(f"d{d}/p{i}", ids) for d in depths
+            for i, ids in enumerate(verified_texts(model, tokenizer, d, prompts, length))]
+    full = record(model, docs, chunk=PREFILL_CHUNK, model_spec=model_spec,
+                  corpus=["moespec:data/prompts, greedy continuations"])
+    return RoutingTrace([doc[-length:] for doc in full.documents], full.num_experts, full.expert_bytes,
                         full.doc_ids, full.model, full.dtype, full.corpus, full.layers)
 
 
@@ -374,10 +418,13 @@ def run_verify(
     on_point: OnPoint | None = None,
     windows=None,
     op_layers: Sequence[int] = (),
+    stride: int = STRIDE,
 ) -> list[VerifyTimes]:
     """τ_p(n) at each depth on `prompts` built-in prompts; one logged point per (depth, prompt).
 
-    `log` is a `moespec.artifacts.PointLog`: finished points are read back instead of measured.
+    The passes verify the target's greedy continuation of each prompt cut to the depth, repetition
+    r the window `stride`·r tokens into it (`time_passes`); the continuation is decoded before the
+    timing. `log` is a `moespec.artifacts.PointLog`: finished points are read back instead of measured.
     windows: the `verified_routing` trace of these passes, and op_layers: MoE layers; given both,
     the expert operation of each of those layers is timed on each pass's own window right after
     the pass, with the same kernel (`VerifyTimes.ops`), so that the measured-time version's saving
@@ -387,24 +434,31 @@ def run_verify(
     """
     ns = sorted(set(int(n) for n in ns))
     op_layers = [int(l) for l in op_layers] if windows is not None else []
+    length = continuation_length(reps, ns[-1], stride)
+    short = [i for i, doc in zip(windows.doc_ids, windows.documents) if len(doc) < length] if op_layers else []
+    if short:
+        raise ValueError(f"the verified continuations {short} are shorter than the {length} tokens that {reps} "
+                         f"repetitions {stride} apart with passes up to {ns[-1]} read; record them with "
+                         f"verified_routing(length={length}) (`moespec trace-verified --reps {reps} --stride {stride}`)")
     out = []
     for depth in depths:
         per_prompt = []
-        for i, ids in enumerate(prompt_ids(tokenizer, depth + ns[-1], prompts)):
-            key = {"part": "verify", "depth": depth, "prompt": i, "ns": ns, "kernels": list(kernels), "reps": reps}
+        texts: list[list[int]] = []
+        for i in range(prompts):
+            key = {"part": "verify", "depth": depth, "prompt": i, "ns": ns, "kernels": list(kernels), "reps": reps,
+                   "text": "greedy continuation", "stride": stride}
             between = None
             if op_layers:
                 key["op_layers"] = op_layers
                 between = operation_timer(model, windows, f"d{depth}/p{i}", op_layers, ns, flush)
-            per_prompt.append(
-                _logged(
-                    log,
-                    key,
-                    lambda: time_passes(model, ids, depth, ns, kernels, reps=reps, warmup=warmup, flush=flush,
-                                        between=between),
-                    on_point,
-                )
-            )
+
+            def compute(i=i, between=between):
+                if not texts:  # decoded once per depth, only when some point of it is measured
+                    texts.extend(verified_texts(model, tokenizer, depth, prompts, length))
+                return time_passes(model, texts[i], depth, ns, kernels, reps=reps, warmup=warmup, flush=flush,
+                                   between=between, stride=stride)
+
+            per_prompt.append(_logged(log, key, compute, on_point))
         samples = {
             str(p): {n: np.array([pp[str(p)][str(n)] for pp in per_prompt]) for n in ns} for p in kernels
         }
@@ -419,26 +473,37 @@ OPERATION_KERNEL = {SLOT: "slot", DEDUP: "dedup"}  # a whole-model kernel -> the
 
 def operation_timer(model, windows, doc_id: str, layers: Sequence[int], ns: Sequence[int],
                      flush: Callable[[], None] | None) -> Callable[[int, str], list[float]]:
-    """f(n, kernel) -> [L] seconds: each layer's expert operation with `kernel` on the first n tokens
-    of the verified window `doc_id` (the pass just timed), one timed call each, flushed before."""
+    """f(n, kernel, start) -> [L] seconds: each layer's expert operation with `kernel` on rows
+    [start, start + n) of the verified continuation `doc_id` (the window of the pass just timed),
+    one timed call each, flushed before."""
     from moespec.bench import expert_op
 
     if doc_id not in windows.doc_ids:
         raise ValueError(f"the verified windows have no document {doc_id!r} (they have {list(windows.doc_ids)}); "
                          "record them with verify.verified_routing at the same depths and prompts")
-    doc = list(windows.doc_ids).index(doc_id)
+    doc = windows.documents[list(windows.doc_ids).index(doc_id)]  # [T, L, m]
     experts = {l: expert_op.layer_experts(model, l) for l in layers}
     param = next(experts[layers[0]].parameters())
     hidden = param.shape[1] if getattr(experts[layers[0]], "is_transposed", False) else param.shape[-1]
-    inputs = {(l, p.n): expert_op.pass_inputs(p, hidden, param.dtype, param.device)
-              for l in layers for p in expert_op.verified_passes(windows, l, ns) if p.index == doc}
+    inputs: dict[tuple, Any] = {}
 
-    def timed(n: int, kernel: str) -> list[float]:
+    def window(l: int, n: int, start: int):
+        if (l, n, start) not in inputs:
+            if start + n > doc.shape[0]:
+                raise ValueError(f"the verified continuation {doc_id!r} has {doc.shape[0]} tokens, the pass reads "
+                                 f"[{start}, {start + n}); record it with verified_routing(length=) >= "
+                                 "continuation_length(reps, n_max, stride)")
+            ids = tuple(map(tuple, np.asarray(doc[start : start + n, l], dtype=np.int64).tolist()))
+            p = expert_op.Pass("verified", n, doc_id, 0, ids)
+            inputs[(l, n, start)] = expert_op.pass_inputs(p, hidden, param.dtype, param.device)
+        return inputs[(l, n, start)]
+
+    def timed(n: int, kernel: str, start: int = 0) -> list[float]:
         fn = expert_op.kernel_fn(OPERATION_KERNEL[kernel], experts[layers[0]])
         times = []
         with torch.inference_mode():
             for l in layers:
-                h, index, weights = inputs[(l, n)]
+                h, index, weights = window(l, n, start)
                 times.append(measure(lambda: fn(experts[l], h, index, weights), reps=1, warmup=0,
                                      flush=flush).samples[0])
         return times

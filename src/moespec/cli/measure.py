@@ -20,6 +20,8 @@ def measure_command(
     depth: Optional[list[int]] = typer.Option(None, "--depth", help="context depth d in tokens (repeatable)"),
     full: bool = typer.Option(False, "--full", help="the paper's protocol: 6 prompts, d=512 and 4096, 256 tokens"),
     reps: Optional[int] = typer.Option(None, "--reps", help="repetitions of each verify pass"),
+    stride: Optional[int] = typer.Option(None, "--stride", help="tokens of the greedy continuation between two "
+                                         "repetitions' windows (default 3)"),
     prompts: Optional[int] = typer.Option(None, "--prompts", help="built-in prompts to use (1..6)"),
     new_tokens: Optional[int] = typer.Option(None, "--new-tokens", help="tokens generated per sweep run"),
     steps: Optional[int] = typer.Option(None, "--steps", help="each oracle run takes exactly this many steps "
@@ -42,7 +44,7 @@ def measure_command(
     """Measure τ_p(n), S(n), the scaling curve, h(k) and the oracle (and draft) sweeps; resumable."""
     from moespec.bench.measure import measure
 
-    knobs = dict(depths=depth or None, reps=reps, prompts=prompts, new_tokens=new_tokens, oracle_steps=steps,
+    knobs = dict(depths=depth or None, reps=reps, stride=stride, prompts=prompts, new_tokens=new_tokens, oracle_steps=steps,
                  oracle_reps=oracle_reps, ks=k or None,
                  acceptances=acceptance or None, ns=range(1, n_max + 1) if n_max else None,
                  scaling_ns=range(1, scaling_n_max + 1) if scaling_n_max is not None else None)

@@ -64,23 +64,33 @@ def trace_verified(
                                               "(repeatable; default 512)"),
     prompts: int = typer.Option(1, "--prompts", help="built-in prompts, as given to `moespec measure` (1..6)"),
     n_max: int = typer.Option(9, "--n-max", help="largest verify pass size n"),
+    reps: int = typer.Option(3, "--reps", help="verify repetitions, as given to `moespec measure`: repetition r "
+                             "verifies the window --stride x r tokens into the continuation"),
+    stride: int = typer.Option(3, "--stride", help="tokens between two repetitions' windows, as given to "
+                               "`moespec measure`"),
     out: Path = typer.Option(Path("verified.parquet"), "--out", help="the Parquet trace to write"),
     dtype: str = typer.Option("float32", help="model dtype"),
     seed: int = typer.Option(0, help="seed of a synthetic preset's weights"),
 ) -> None:
     """Record the routing of the tokens `moespec measure` verifies: for each depth and prompt, the
-    n_max tokens after the prompt's first d. Give it to `moespec characterize --verified` and the
-    measured-time version of `moespec predict` times the expert operation on those windows."""
-    from moespec.bench.verify import verified_routing
+    target's greedy continuation of the prompt's first d tokens, as long as the verify passes read.
+    Give it to `moespec characterize --verified` and `moespec measure --verified`: the expert
+    operation is timed on those windows."""
+    from moespec.bench.verify import continuation_length, verified_routing
     from moespec.models.load import load
 
+    if reps < 1 or stride < 0:
+        raise typer.BadParameter(f"--reps {reps} --stride {stride}: give reps >= 1 and stride >= 0")
     net, tok = load(model, dtype=dtype, seed=seed)
+    length = continuation_length(reps, n_max, stride)
     try:
-        trace = verified_routing(net, tok, depths=depth or (512,), prompts=prompts, n_max=n_max, model_spec=model)
+        trace = verified_routing(net, tok, depths=depth or (512,), prompts=prompts, n_max=n_max, length=length,
+                                 model_spec=model)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
     trace.save(out)
-    Console().print(f"wrote {out}: {len(trace.documents)} windows of {n_max} tokens ({', '.join(trace.doc_ids)})")
+    Console().print(f"wrote {out}: {len(trace.documents)} continuations of {length} tokens "
+                    f"({', '.join(trace.doc_ids)})")
 
 
 def _cell(value: float, lo: float, hi: float) -> str:
