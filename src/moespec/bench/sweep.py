@@ -31,7 +31,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from moespec.bench.verify import DEDUP, KERNELS, PREFILL_CHUNK, OnPoint, _logged, avoid_slot_prefill, prompt_ids
+from moespec.bench.verify import (
+    DEDUP, KERNELS, PREFILL_CHUNK, OnPoint, _logged, avoid_slot_prefill, prompt_ids, vocab_limit,
+)
 from moespec.costmodel.predict import ACCEPTANCE_GRID
 from moespec.costmodel.theory import expected_tokens
 from moespec.device import synchronize
@@ -331,10 +333,6 @@ def resample_throughput(cells: Sequence[dict[str, Any]], resamples: int = 1000, 
     return out
 
 
-def _vocab_limit(tokenizer) -> int | None:
-    return len(tokenizer) if hasattr(tokenizer, "__len__") else None
-
-
 def _switch(model, kernel: str | None) -> None:
     if kernel is not None:
         model.set_experts_implementation(kernel)
@@ -447,13 +445,13 @@ def run_oracle(
                             _switch(model, kernel)
                             if k and (depth, i) not in references:  # untimed: the greedy text, once per prompt
                                 greedy = generate(target, cache.ids[i], k=0, temperature=0.0, max_new_tokens=longest,
-                                                  vocab_limit=_vocab_limit(tokenizer), prefill_last=False).tokens
+                                                  vocab_limit=vocab_limit(tokenizer), prefill_last=False).tokens
                                 references[(depth, i)] = torch.as_tensor(list(cache.ids[i]) + greedy, dtype=torch.long)
                             ref = references.get((depth, i))
                             oracle = OracleDraft(a, seed=seed, reference=ref, offset=offset, block=block) if k else None
                             result = generate(target, cache.ids[i], draft=oracle, k=k, temperature=0.0,
                                               max_new_tokens=tokens, max_steps=rounds, seed=seed + i,
-                                              vocab_limit=_vocab_limit(tokenizer), prefill_last=False)
+                                              vocab_limit=vocab_limit(tokenizer), prefill_last=False)
                             return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0,
                                                                       "draws": oracle.draws if oracle else 0,
                                                                       "prefill_last": False})
@@ -525,7 +523,7 @@ def run_draft(
                         _switch(model, kernel)
                         result = generate(target, cache.ids[i], draft=draft if k else None, k=k,
                                           temperature=temperature, max_new_tokens=new_tokens,
-                                          seed=seed + 1000 * rep + i, vocab_limit=_vocab_limit(tokenizer))
+                                          seed=seed + 1000 * rep + i, vocab_limit=vocab_limit(tokenizer))
                         return _record(result, target.prefill_s)
 
                     runs[k].append(_logged(log, key, run, on_point))

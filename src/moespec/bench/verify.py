@@ -8,8 +8,8 @@ call, outside the timed interval. The n tokens are the target's greedy continuat
 the text a speculative step verifies (the oracle sweep's drafts are those very tokens), and
 repetition r verifies the window starting `stride`·r tokens into it, over a cache holding the
 prompt and the continuation before the window: the passes, the operation timed between them and
-the sweep then verify the same text (Sec. 4: "the recorded routing of the verified continuations"). Kernels alternate call by call and repetitions run in
-rounds over every n, so slow drift of the machine falls on all points alike. The saving
+the sweep then verify the same text (Sec. 4: "the recorded routing of the verified continuations").
+Kernels alternate call by call and repetitions run in rounds over every n, so slow drift of the machine falls on all points alike. The saving
 S(n) = τ_slot(n) − τ_dedup(n) (eq. (6)) gets a 95% bootstrap interval that resamples prompts, then
 repetitions within each prompt, pairing the two kernels' samples of the same (prompt, repetition).
 
@@ -83,9 +83,14 @@ def greedy_continuation(model, prompt: Sequence[int], length: int, vocab_limit: 
                          vocab_limit=vocab_limit, prefill_last=False).tokens)
 
 
+def vocab_limit(tokenizer) -> int | None:
+    """The ids a decode may produce: the tokenizer's length where it has one (the output layer may be padded)."""
+    return len(tokenizer) if hasattr(tokenizer, "__len__") else None
+
+
 def verified_texts(model, tokenizer, depth: int, prompts: int, length: int) -> list[list[int]]:
     """Per built-in prompt: its first `depth` tokens followed by `length` greedy tokens of the target."""
-    limit = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    limit = vocab_limit(tokenizer)
     return [ids + greedy_continuation(model, ids, length, limit) for ids in prompt_ids(tokenizer, depth, prompts)]
 
 
@@ -272,8 +277,9 @@ def time_passes(
 
     `ids` holds the prompt: its first `depth` tokens fill the cache once, and repetition r's pass of
     n tokens is ids[s : s + n] with s = depth + stride·r, the cache holding ids[:s] (extended by the
-    stride between rounds, outside the timing; warm-up passes read s = depth). Kernels are switched with `model.set_experts_implementation`
-    (None keeps the model's current one) and alternate call by call; repetitions run in rounds
+    stride between rounds, outside the timing; warm-up passes read s = depth). Kernels are switched
+    with `model.set_experts_implementation` (None keeps the model's current one) and alternate call
+    by call; repetitions run in rounds
     over every n, so a shared machine's drift falls on all pass sizes alike (timed n by n, one n
     could land on a slow minute and the verify times would not even grow with n). Returns
     {kernel: {str(n): [R]}}, keyed as JSON keeps it, so a fresh result and one read back from a
@@ -291,7 +297,7 @@ def time_passes(
         raise ValueError(f"pass sizes must be >= 1, got {ns}")
     if stride < 0:
         raise ValueError(f"stride must be >= 0 tokens, got {stride}")
-    need = depth + stride * (reps - 1) + ns[-1]
+    need = depth + continuation_length(reps, ns[-1], stride)
     if depth < 1 or len(ids) < need:
         raise ValueError(f"ids of {len(ids)} tokens cannot hold depth {depth} plus {reps} passes of up to "
                          f"{ns[-1]} tokens {stride} apart ({need} tokens)")
