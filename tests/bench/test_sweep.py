@@ -1,12 +1,14 @@
 """Tests of bench.sweep: the shared prefill, the oracle sweep, the real-draft sweep, resumption."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from moespec.artifacts import PointLog
 from moespec.bench.sweep import (PrefilledTarget, SweepCell, baseline, oracle_points, resample_throughput, run_draft,
-                                 run_oracle)
+                                 run_oracle, step_time)
 from moespec.bench.verify import DEDUP, KERNELS
 from moespec.engine.cached import CachedModel
 from moespec.engine.decode import generate
@@ -90,20 +92,20 @@ def _run(rounds: list[int], times: list[float]) -> dict:
     return {"stats": stats, "prefill_s": 0.0}
 
 
-def test_a_cells_step_time_is_the_median_of_its_steps_each_runs_first_round_left_out():
+def test_a_cells_step_time_is_the_mean_log_of_its_runs_median_steps_each_runs_first_round_left_out():
     # the first round's pass is short (the prefill gave its first row): at 1 ms it would pull a mean
-    # of these rounds down; one slow step (90 ms) would pull it up; the median of the steps sees neither
+    # of these rounds down; one slow step (90 ms) would pull it up; a run's median step sees neither
     runs = [_run([2, 3, 1, 2], [0.001, 0.010, 0.012, 0.090]), _run([4, 1, 2], [0.001, 0.011, 0.013])]
     cell = SweepCell.pool(1, 0.5, runs)
     assert cell.rounds == 7 and cell.steps == 5 and cell.tokens == 15
-    assert cell.step_s == pytest.approx(0.012)  # median of 10, 12, 90, 11, 13 ms
+    assert cell.step_s == pytest.approx(0.012)  # runs' medians 12 (10, 12, 90) and 12 (11, 13) ms
     assert cell.step_tokens == pytest.approx((3 + 1 + 2 + 1 + 2) / 5)
     assert cell.step_throughput == pytest.approx(1.8 / 0.012)
     assert cell.throughput == pytest.approx(15 / 0.138)  # the engine paper's: every round, wall clock
     for r in runs:  # runs whose prompt's last token was fed by their first round: every round is a step
         r["prefill_last"] = False
     steady = SweepCell.pool(1, 0.5, runs)
-    assert steady.steps == 7 and steady.step_s == pytest.approx(0.011)  # median of 1, 10, 12, 90, 1, 11, 13 ms
+    assert steady.steps == 7 and steady.step_s == pytest.approx(0.011)  # medians of 1, 10, 12, 90 and 1, 11, 13 ms
     stale = _run([1, 1], [0.01, 0.01])
     del stale["stats"]["round_s"]
     with pytest.raises(ValueError, match="older moespec"):
@@ -168,6 +170,23 @@ def test_round_budget_gives_every_cell_the_same_rounds_and_one_sequence_of_draws
     assert sum(runs, []) == list(one.stats.tokens_per_round)
 
 
+def test_a_speed_common_to_one_pass_cancels_from_the_ratio_of_two_cells():
+    # 10 passes of 4 steps for two cells at one acceptance, b 1.3 times a's work plus its own noise;
+    # then the machine runs each pass at its own speed (x0.7..x1.5), the same for both cells of a pass
+    rng = np.random.default_rng(7)
+    a = rng.uniform(0.010, 0.014, size=(10, 4))
+    b = 1.3 * rng.uniform(0.010, 0.014, size=(10, 4))
+    speed = rng.uniform(0.7, 1.5, size=(10, 1))
+    ratio = step_time(b.tolist()) / step_time(a.tolist())
+    assert step_time((speed * b).tolist()) / step_time((speed * a).tolist()) == pytest.approx(ratio, rel=1e-12)
+    pooled = lambda t: float(np.median(t))  # noqa: E731  the pooled median does not cancel it
+    assert pooled(speed * b) / pooled(speed * a) != pytest.approx(pooled(b) / pooled(a), rel=1e-3)
+    assert step_time([[0.02, 0.02, 0.5], [], [0.02]]) == pytest.approx(0.02)  # a run without steps is left out
+    assert math.isnan(step_time([[], []]))
+    with pytest.raises(ValueError, match="positive"):
+        step_time([[0.0, 0.0]])
+
+
 def test_resampling_draws_passes_shared_by_every_cell():
     # 6 passes; cell b ran every pass at twice cell a's times, so drawn together their ratio stays 1/2
     rng = np.random.default_rng(1)
@@ -181,10 +200,10 @@ def test_resampling_draws_passes_shared_by_every_cell():
     assert np.array_equal(T[:, 3], T[:, 0])  # one cell at two positions: one value per draw
     assert T[:, 0].std() > 0  # the draws differ
     # a cell pooled over two acceptances takes the same passes from both: here both groups hold
-    # cell a's runs, so its drawn steps are a's twice over and their median is a's
+    # cell a's runs, so its drawn runs are a's twice over and their step time is a's
     assert np.allclose(T[:, 2], T[:, 0])
     steady = {"k": 1, "a": 0.5, "step_tokens": 1.5, "run_steps": [[0.01] * 4] * 6}
-    assert np.allclose(resample_throughput([steady], resamples=20), 150.0)  # tokens per step / median time
+    assert np.allclose(resample_throughput([steady], resamples=20), 150.0)  # tokens per step / step time
     with pytest.raises(ValueError, match="older moespec"):
         resample_throughput([{"k": 1, "a": 0.5, "step_tokens": 1.5}])
     with pytest.raises(ValueError, match="multiples"):

@@ -6,7 +6,8 @@ so acceptance is geometric at rate a. At each draft length k = 0..8, acceptance 
 grid and kernel, a run decodes `new_tokens` tokens from a prompt at depth d, or, with `steps`,
 exactly `steps` steps (`oracle_budget`). Every round is a step: the prompt's last token is fed by
 the first round, not the prefill (`generate(prefill_last=False)`), so every pass verifies k + 1
-tokens. Recorded: the step time V(k) (the median time of the steps), tokens per step against
+tokens. Recorded: the step time V(k) (`step_time`: each run's median step, averaged over runs on a
+log scale), tokens per step against
 G_a(k) = 1 + a + ... + a^k and the
 throughput T_a(k) = G/V they give (Sec. 1), the realized acceptance (accepted over tested drafts,
 the MLE of a), and h(k), the time per step outside the verify pass, so that V(k) = τ_p(k+1) + h(k)
@@ -121,6 +122,27 @@ def _by_position(runs: Sequence[dict], name: str, k: int) -> np.ndarray:
     return np.sum([r["stats"][name] for r in runs], axis=0) if k else np.zeros(0)
 
 
+def step_time(run_steps: Sequence[Sequence[float]]) -> float:
+    """V(k) of a cell: the geometric mean over its runs of each run's median step time, seconds.
+
+    run_steps: [runs][steps] seconds (runs without steps are left out). The median inside a run
+    reads through one slow step; the mean of logs across runs is what makes the oracle sweep's
+    comparisons paired. Run i of every cell at one acceptance sits in the same pass, seconds from
+    the others (`_oracle_order`), and the machine's speed moves from pass to pass: on the demo's
+    three sweeps a run's median step varied by 10-14% between passes but by 7-8% inside one. A
+    speed factor f_i common to pass i multiplies every cell of that acceptance by the same
+    (f_1 ... f_P)^(1/P), so it cancels exactly from T(k)/T(k'), which k* and the loss compare; the
+    median of all the cell's steps pooled, the estimator before this one, only roughly cancels it.
+    NaN when no run has a step.
+    """
+    medians = [float(np.median(s)) for s in run_steps if len(s)]
+    if not medians:
+        return float("nan")
+    if min(medians) <= 0:
+        raise ValueError(f"step times must be positive seconds, got a run with median {min(medians)}")
+    return float(np.exp(np.mean(np.log(medians))))
+
+
 @dataclass(frozen=True)
 class SweepCell:
     """Pooled figures of the runs of one sweep cell (prompts x repetitions).
@@ -128,12 +150,12 @@ class SweepCell:
     `throughput` is the engine paper's (Sec. 5): all new tokens over all decoding time, each run's
     first round included; `throughput_std` is the spread of the per-run figures (mean +/- std over
     prompts). `step_throughput` is the cost-model paper's T_a(k) = G/V (Sec. 1): the tokens of a step
-    over the step time V(k), the median time of the steps. A step is every round of a run made with
+    over the step time V(k) (`step_time`). A step is every round of a run made with
     `generate(prefill_last=False)` (its "prefill_last" record False), else every round but the
     first, whose pass verifies only k tokens, the prefill having given its first row (at k = 0 it
     runs no model at all).
     A step's pass has k + 1 tokens whatever is accepted, so the spread of step times is the
-    machine's, and the median reads through it as the verify times' medians do (`bench.verify`).
+    machine's.
     """
 
     k: int
@@ -147,7 +169,7 @@ class SweepCell:
     sampling_s: float
     throughput_std: float
     steps: int  # the rounds that are steps (`pool`)
-    step_s: float  # V(k): median time of the steps
+    step_s: float  # V(k): `step_time` of the runs' steps
     step_tokens: float  # mean tokens committed per step
     acceptance: float  # pooled: accepted / drafted
     realized_acceptance: float  # accepted / tested, the geometric MLE of a
@@ -167,7 +189,7 @@ class SweepCell:
 
     @property
     def step_throughput(self) -> float:
-        """T_a(k) = G/V: tokens per step over the median step time (cost-model paper, Sec. 1)."""
+        """T_a(k) = G/V: tokens per step over the step time (cost-model paper, Sec. 1)."""
         return self.step_tokens / self.step_s if self.step_s > 0 else float("nan")
 
     @property
@@ -219,7 +241,7 @@ class SweepCell:
             sampling_s=_sum(runs, "sampling_s"),
             throughput_std=float(np.std(per_run)) if per_run else float("nan"),
             steps=len(times),
-            step_s=float(np.median(times)) if times else float("nan"),
+            step_s=step_time(run_steps),
             step_tokens=float(np.mean(tokens)) if tokens else float("nan"),
             acceptance=float(accepted.sum() / drafted.sum()) if drafted.sum() else float("nan"),
             realized_acceptance=float(accepted.sum() / reached.sum()) if reached.sum() else float("nan"),
@@ -279,7 +301,7 @@ def baseline(entry: dict[str, Any], a: float | None) -> dict[str, Any] | None:
     Plain decoding (k = 0) drafts nothing, so its throughput does not depend on a: the k = 0 run in
     each acceptance's block repeats one experiment, and the baseline pools all of them (`plain`): 11
     times the steps of one cell on the paper's grid, at the same moments of the sweep as every other
-    cell. Taken at each a alone, the k = 0 cell's own noise (a median of 40 steps in the demo, +-3%
+    cell. Taken at each a alone, the k = 0 cell's own noise (40 steps in the demo, +-3%
     on this shared machine) went into every speedup and every k* comparison at that a. An entry
     written before `plain` existed gives its k = 0 cell at `a`, or its only k = 0 cell.
     """
@@ -300,7 +322,7 @@ def resample_throughput(cells: Sequence[dict[str, Any]], resamples: int = 1000, 
     a, which is what k* and the loss are, would look noisier than they are. A cell pooled over
     several acceptances (the plain-decoding baseline) holds its groups' runs one group after the
     other, each in pass order; it takes the same passes from every group. A resample is the cell's
-    tokens per step over the median time of the drawn runs' steps. Only times are drawn: the oracle's
+    tokens per step over the `step_time` of the drawn runs. Only times are drawn: the oracle's
     draws are stratified over a cell's steps (`OracleDraft`, `STEP_BLOCK`), so its tokens per step
     are set by design (0.98-1.01 of G_a(k) in the demo), while its runs' own token counts are not
     samples of anything (at a = 0.98 one run of 4 steps may hold 8 tokens, another 36). One cell
@@ -321,14 +343,10 @@ def resample_throughput(cells: Sequence[dict[str, Any]], resamples: int = 1000, 
     done: dict[int, np.ndarray] = {}
     for j, cell in enumerate(cells):
         if id(cell) not in done:
-            steps = cell["run_steps"]
-            width = max(len(r) for r in steps)
-            t = np.full((len(steps), width), np.nan)
-            for i, ts in enumerate(steps):
-                t[i, : len(ts)] = ts
-            groups = np.arange(len(steps) // passes)[None, :, None] * passes
+            medians = np.array([np.median(r) if len(r) else np.nan for r in cell["run_steps"]])  # [runs]
+            groups = np.arange(len(medians) // passes)[None, :, None] * passes
             runs = (groups + pick[:, None, :]).reshape(resamples, -1)
-            done[id(cell)] = cell["step_tokens"] / np.nanmedian(t[runs].reshape(resamples, -1), axis=1)
+            done[id(cell)] = cell["step_tokens"] / np.exp(np.nanmean(np.log(medians[runs]), axis=1))
         out[:, j] = done[id(cell)]
     return out
 
