@@ -32,6 +32,18 @@ def test_prediction_is_written_before_the_sweep(run):
     assert all(c["a"] in (None, 0.75) for e in base["h_probe"] for c in e["cells"])
 
 
+def test_the_verified_windows_are_timed_between_the_passes_not_in_the_characterization(run):
+    out, _ = run
+    # the measured-time version reads the operation timed between the base measurement's passes, so
+    # the characterization does not time the verified windows a second time
+    char = artifacts.load(out / "characterization.json", "characterize")["payload"]
+    assert char["points"] and all(p["source"] != "verified" for p in char["points"])
+    base = artifacts.load(out / "measurement-base.json", "measure")["payload"]
+    assert base["verify"][0]["op_layers"] == [0] and base["verify"][0]["ops"]
+    prediction = artifacts.load(out / "prediction.json", "predict")["payload"]
+    assert prediction["depths"][0]["measured_time_windows"] == "verified, timed between the verify passes"
+
+
 def test_second_run_reuses_every_artifact(run):
     out, _ = run
     logs = sorted(out.glob("*.points.jsonl"))
