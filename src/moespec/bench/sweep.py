@@ -7,11 +7,9 @@ grid and kernel, a run decodes `new_tokens` tokens from a prompt at depth d, or,
 exactly `steps` steps (`oracle_budget`). Every round is a step: the prompt's last token is fed by
 the first round, not the prefill (`generate(prefill_last=False)`), so every pass verifies k + 1
 tokens. Recorded: the step time V(k) (`step_time`: each run's median step, averaged over runs on a
-log scale), tokens per step against
-G_a(k) = 1 + a + ... + a^k and the
-throughput T_a(k) = G/V they give (Sec. 1), the realized acceptance (accepted over tested drafts,
-the MLE of a), and h(k), the time per step outside the verify pass, so that V(k) = τ_p(k+1) + h(k)
-(Sec. 3.1).
+log scale), tokens per step against G_a(k) = 1 + a + ... + a^k and the throughput T_a(k) = G/V they
+give (Sec. 1), the realized acceptance (accepted over tested drafts, the MLE of a), and h(k), the
+time per step outside the verify pass, so that V(k) = τ_p(k+1) + h(k) (Sec. 3.1).
 
 Real-draft sweep: with a `DraftModel` or `PromptLookup`, the K-sweep of throughput, pooled
 acceptance and acceptance by position, TTFT, the draft / verify / sampling / other split, peak
@@ -343,6 +341,7 @@ def resample_throughput(cells: Sequence[dict[str, Any]], resamples: int = 1000, 
     done: dict[int, np.ndarray] = {}
     for j, cell in enumerate(cells):
         if id(cell) not in done:
+            # `step_time` on every draw at once: each run's median step, then a mean of logs over runs
             medians = np.array([np.median(r) if len(r) else np.nan for r in cell["run_steps"]])  # [runs]
             groups = np.arange(len(medians) // passes)[None, :, None] * passes
             runs = (groups + pick[:, None, :]).reshape(resamples, -1)
