@@ -61,8 +61,12 @@ class DemoConfig:
     # oracle cell: 2 prompts x 5 runs of exactly 4 steps (`sweep.oracle_budget`), spread over the sweep,
     # so the machine's drift over minutes (10-20%) falls on every cell alike, and each acceptance's
     # block of k = 0..8 takes seconds, so k* and the speedup compare runs made seconds apart.
+    # Repetition r's runs start 9r tokens into the greedy text, so that every acceptance's steps
+    # verify the stretch the verify passes read (0-54 tokens in), not a = 0.2's first 5 tokens
+    # against a = 0.98's first 36 (`sweep.run_oracle`).
     measure: dict = field(default_factory=lambda: dict(new_tokens=64, oracle_steps=4, oracle_reps=5, prompts=2,
-                                                       reps=16, scaling_ns=tuple(range(1, 10))))
+                                                       oracle_start_stride=9, reps=16,
+                                                       scaling_ns=tuple(range(1, 10))))
     full: bool = False
     seed: int = 0
     # the characterized layers' expert operation timed on each verify pass's window right after the

@@ -41,6 +41,20 @@ def test_prefilled_target_matches_a_fresh_cache(tiny):
         shared.extend(prompt + 1)
 
 
+def test_a_target_that_holds_more_text_decodes_as_one_prefilled_with_it(tiny):
+    model, _ = tiny
+    text = torch.arange(40, 70)
+    grown = PrefilledTarget(model, text[:20])
+    generate(grown, text[:21], k=0, max_new_tokens=4, prefill_last=False)  # a run before the start moves
+    grown.hold(text[20:29])
+    fresh = PrefilledTarget(model, text[:29])
+    assert grown.prompt.tolist() == text[:29].tolist() and grown.logits.shape == fresh.logits.shape
+    assert torch.allclose(grown.logits, fresh.logits, atol=1e-4)
+    a = generate(grown, text[:30], k=2, max_new_tokens=6, prefill_last=False)
+    b = generate(fresh, text[:30], k=2, max_new_tokens=6, prefill_last=False)
+    assert a.tokens == b.tokens
+
+
 def test_oracle_sweep_invariants_and_resumption(tiny, tmp_path):
     model, tok = tiny
     path = tmp_path / "o.points.jsonl"
@@ -208,3 +222,34 @@ def test_resampling_draws_passes_shared_by_every_cell():
         resample_throughput([{"k": 1, "a": 0.5, "step_tokens": 1.5}])
     with pytest.raises(ValueError, match="multiples"):
         resample_throughput([a, {"k": 1, "a": 0.6, "step_tokens": 1.0, "run_steps": times[:4].tolist()}])
+
+
+def test_each_repetition_starts_its_runs_further_into_the_greedy_text(tiny, monkeypatch):
+    """start_stride s: repetition r's runs decode after the prompt and the first r·s greedy tokens,
+    and what they decode is the greedy text from there on (k = 0 and k = 3 alike)."""
+    import moespec.bench.sweep as sweep
+
+    model, tok = tiny
+    calls = []
+
+    def recording(target, prompt, **kw):
+        out = generate(target, prompt, **kw)
+        calls.append((list(prompt), list(out.tokens)))
+        return out
+
+    monkeypatch.setattr(sweep, "generate", recording)
+    run_oracle(model, tok, depths=(16,), ks=(0, 3), acceptances=(0.7,), kernels=(DEDUP,), prompts=1, reps=3,
+               new_tokens=5, steps=2, start_stride=4)
+    prompt = sweep.prompt_ids(tok, 16, 1)[0]
+    greedy = generate(CachedModel(model), prompt, k=0, max_new_tokens=40, prefill_last=False).tokens
+    text = prompt + list(greedy)
+    starts = sorted({len(p) - 16 for p, _ in calls})  # the sweep's runs and its untimed greedy decoding
+    assert starts == [0, 4, 8]
+    for p, out in calls:
+        assert p == text[: len(p)] and out == text[len(p): len(p) + len(out)] and len(out) >= 2
+
+
+def test_a_negative_start_stride_is_refused(tiny):
+    model, tok = tiny
+    with pytest.raises(ValueError, match="start_stride"):
+        run_oracle(model, tok, depths=(16,), ks=(0,), acceptances=(0.5,), kernels=(DEDUP,), prompts=1, start_stride=-1)

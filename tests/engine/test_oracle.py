@@ -134,3 +134,36 @@ def test_geometric_run_edges():
     assert geometric_run(0.5, 1.0) == math.inf and geometric_run(0.0, 0.5) == math.inf
     assert geometric_run(0.3, 0.0) == 0
     assert geometric_run(0.5, 0.5) == 1 and geometric_run(0.49, 0.5) == 1 and geometric_run(0.51, 0.5) == 0
+
+
+def test_a_wrong_draft_is_a_token_of_the_text_before_the_window(table_lm):
+    """At a = 0 every step's first draft is wrong: it must differ from the target's greedy token and
+    be one of the WRONG_FROM tokens of the committed text before the verify window."""
+    from moespec.engine.proposers import WRONG_FROM
+
+    target = table_lm(V, seed=6)
+    prompt = list(range(1, 30))
+    seen = []
+
+    class Recording(OracleDraft):
+        def propose(self, context, k):
+            g, q = super().propose(context, k)
+            seen.append((context.clone(), g.clone(), self.reference.clone()))
+            return g, q
+
+    out = generate(target, prompt, draft=Recording(0.0, seed=2), k=3, max_new_tokens=60, vocab_limit=V)
+    assert out.tokens == generate(target, prompt, k=0, max_new_tokens=60, vocab_limit=V).tokens
+    assert len(seen) >= 40
+    for context, g, ref in seen:
+        L = context.shape[0]
+        before = context[max(0, L - 1 - WRONG_FROM): L - 1].tolist()
+        assert int(g[0]) != int(ref[L]) and int(g[0]) in before, (L, int(g[0]), before)
+
+
+def test_a_text_of_one_token_gets_another_real_id_as_its_wrong_draft():
+    import types
+
+    oracle = OracleDraft(0.5)
+    oracle._ref, oracle._sampler = torch.full((40,), 5), types.SimpleNamespace(vocab_limit=V)
+    wrong = {oracle._wrong(30, 5, draw) for draw in range(1, V)}
+    assert 5 not in wrong and wrong <= set(range(V)) and len(wrong) == V - 1

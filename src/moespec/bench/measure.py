@@ -43,6 +43,8 @@ class MeasureConfig:
     oracle_reps: int = 1
     new_tokens: int = 12
     oracle_steps: int | None = None  # each oracle run takes exactly this many rounds instead of new_tokens
+    # tokens of greedy text between the starts of two repetitions' oracle runs (`sweep.run_oracle`)
+    oracle_start_stride: int = 0
     draft_ks: tuple[int, ...] = (1, 2, 4, 6, 8)
     # MoE layers whose expert operation is timed on each verify pass's own window right after the
     # pass (`verify.run_verify`); needs the verified windows (`measure(verified=...)`)
@@ -64,6 +66,8 @@ class MeasureConfig:
             )
         if self.stride < 0:
             raise ValueError(f"stride must be >= 0 tokens between verify windows, got {self.stride}")
+        if self.oracle_start_stride < 0:
+            raise ValueError(f"oracle_start_stride must be >= 0 tokens between run starts, got {self.oracle_start_stride}")
         if self.oracle_steps is not None and self.oracle_steps < 1:
             raise ValueError(f"oracle_steps must be >= 1 rounds per run (or None), got {self.oracle_steps}")
         if any(d < 1 for d in self.depths) or not self.depths:
@@ -206,7 +210,8 @@ def measure(
         sweep_common = dict(prompts=cfg.prompts, reps=cfg.oracle_reps, new_tokens=cfg.new_tokens, seed=cfg.seed,
                             log=log, on_point=tick)
         oracle = sweep.run_oracle(model, tokenizer, depths=cfg.depths, ks=cfg.ks, acceptances=cfg.acceptances,
-                                  kernels=cfg.oracle_kernels, steps=cfg.oracle_steps, **sweep_common)
+                                  kernels=cfg.oracle_kernels, steps=cfg.oracle_steps,
+                                  start_stride=cfg.oracle_start_stride, **sweep_common)
         drafted = (
             sweep.run_draft(model, tokenizer, draft, draft_name=draft_name, depths=cfg.depths, ks=cfg.draft_ks,
                             temperature=cfg.temperature, **sweep_common)

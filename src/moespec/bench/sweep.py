@@ -82,6 +82,14 @@ class PrefilledTarget:
         self.forward_s = 0.0
         self.inner.truncate(self.prompt.shape[0])
 
+    def hold(self, tokens: torch.Tensor) -> None:
+        """Hold `tokens` [t] after the prompt as well: run on the cache (untimed), their logits kept."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        self.reset()
+        if tokens.numel():
+            self.logits = torch.cat([self.logits, self.inner.extend(tokens)])
+            self.prompt = torch.cat([self.prompt, tokens])
+
     def truncate(self, n: int) -> None:
         if n < 0:
             raise ValueError(f"truncate() needs n >= 0, got {n}")
@@ -356,19 +364,28 @@ def _switch(model, kernel: str | None) -> None:
 
 
 class _Prompts:
-    """Prompts at one depth, each prefilled on first use only (a resumed sweep may need none)."""
+    """Prompts at one depth, each prefilled on first use only (a resumed sweep may need none).
+
+    `target(i, text)` holds prompt i's `text` (by default the prompt itself): a run may start
+    further into the target's greedy text (`run_oracle`'s `start_stride`)."""
 
     def __init__(self, model, tokenizer, depth: int, count: int, prefill_last: bool = True):
         self.model, self.ids = model, prompt_ids(tokenizer, depth, count)
         self.prefill_last = prefill_last  # False: the targets hold all but the last token (its pass is a round's)
-        self._targets: dict[int, PrefilledTarget] = {}
+        self._targets: dict[tuple, PrefilledTarget] = {}
 
-    def target(self, i: int) -> PrefilledTarget:
-        if i not in self._targets:
+    def target(self, i: int, text: Sequence[int] | None = None) -> PrefilledTarget:
+        text = list(self.ids[i] if text is None else text)
+        held = torch.tensor(text if self.prefill_last else text[:-1])
+        have = self._targets.get(i)
+        if have is None or not (have.prompt.shape[0] <= held.shape[0]
+                                and torch.equal(have.prompt, held[: have.prompt.shape[0]])):
             self._targets.clear()  # one prompt's cache at a time
             avoid_slot_prefill(self.model)
-            held = self.ids[i] if self.prefill_last else self.ids[i][:-1]
-            self._targets[i] = PrefilledTarget(self.model, torch.tensor(held))
+            self._targets[i] = PrefilledTarget(self.model, held)
+        elif have.prompt.shape[0] < held.shape[0]:  # a later start on the same text: hold the tokens between
+            avoid_slot_prefill(self.model)
+            have.hold(held[have.prompt.shape[0]:])
         return self._targets[i]
 
 
@@ -419,6 +436,7 @@ def run_oracle(
     new_tokens: int = 256,
     steps: int | None = None,
     seed: int = 0,
+    start_stride: int = 0,
     log=None,
     on_point: OnPoint | None = None,
 ) -> list[dict[str, Any]]:
@@ -436,15 +454,31 @@ def run_oracle(
     stratified in blocks of one cell's steps when `steps` is given, so each cell's steps follow the
     quantiles of the geometric law, and every cell reads the same draws (common random numbers
     across k and a).
+
+    start_stride: repetition r's runs start r·start_stride tokens into the target's greedy text (the
+    prompt followed by that much of it, untimed), so that short runs verify the same stretches of
+    text at every acceptance. Runs that all start at the prompt's end verify at a = 0.2 only the
+    first 5 or so tokens of the continuation, at a = 0.98 the first 36 (4 steps of k = 8); where the
+    greedy text settles into a cycle after a few tokens, as on the synthetic presets, those stretches
+    route to different numbers of experts, and the step time came to depend on a (BENCHMARKS.md).
     """
+    if start_stride < 0:
+        raise ValueError(f"start_stride must be >= 0 tokens, got {start_stride}")
     ks = sorted(set(int(k) for k in ks))
     runs: dict[tuple, list[dict]] = {}
     references: dict[tuple[int, int], torch.Tensor] = {}  # (depth, prompt) -> greedy reference, shared by every oracle
     order = _oracle_order(ks, acceptances)
-    longest = max(oracle_budget(k, new_tokens, steps)[0] for k in ks)
+    longest = max(oracle_budget(k, new_tokens, steps)[0] for k in ks) + start_stride * (reps - 1)
     block = prompts * reps * steps if steps else STEP_BLOCK  # one cell's steps
     for depth in depths:
         cache = _Prompts(model, tokenizer, depth, prompts, prefill_last=False)
+
+        def reference(i: int, target: PrefilledTarget, depth=depth, cache=cache) -> None:
+            """Prompt i followed by `longest` greedy tokens of the target, decoded on `target` (prompt i's)."""
+            greedy = generate(target, cache.ids[i], k=0, temperature=0.0, max_new_tokens=longest,
+                              vocab_limit=vocab_limit(tokenizer), prefill_last=False).tokens
+            references[(depth, i)] = torch.as_tensor(list(cache.ids[i]) + greedy, dtype=torch.long)
+
         for i in range(prompts):
             for rep in range(reps):
                 for k, a in order:
@@ -453,20 +487,23 @@ def run_oracle(
                         key = {"part": "oracle", "kernel": kernel, "depth": depth, "prompt": i, "k": k,
                                "a": a, "rep": rep, "new_tokens": tokens, "seed": seed, "prefill_last": False,
                                "oracle_draws": f"one per step, blocks of {block}",
-                               **({"steps": rounds} if rounds else {})}
+                               **({"steps": rounds} if rounds else {}),
+                               **({"start": start_stride * rep} if start_stride else {})}
                         cell = runs.setdefault((kernel, depth, k, a), [])
                         offset = sum(r["draws"] for r in cell)  # where this cell's draws stopped
 
-                        def run(i=i, k=k, a=a, kernel=kernel, tokens=tokens, rounds=rounds, offset=offset):
-                            target = cache.target(i)
+                        def run(i=i, k=k, a=a, kernel=kernel, tokens=tokens, rounds=rounds, offset=offset, rep=rep):
+                            start = start_stride * rep
+                            if (k or start) and (depth, i) not in references:  # untimed, once per prompt
+                                reference(i, cache.target(i))
+                            text = cache.ids[i]
+                            if start:  # the prompt and the greedy text up to this repetition's start
+                                text = references[(depth, i)][: len(text) + start].tolist()
+                            target = cache.target(i, text)
                             _switch(model, kernel)
-                            if k and (depth, i) not in references:  # untimed: the greedy text, once per prompt
-                                greedy = generate(target, cache.ids[i], k=0, temperature=0.0, max_new_tokens=longest,
-                                                  vocab_limit=vocab_limit(tokenizer), prefill_last=False).tokens
-                                references[(depth, i)] = torch.as_tensor(list(cache.ids[i]) + greedy, dtype=torch.long)
                             ref = references.get((depth, i))
                             oracle = OracleDraft(a, seed=seed, reference=ref, offset=offset, block=block) if k else None
-                            result = generate(target, cache.ids[i], draft=oracle, k=k, temperature=0.0,
+                            result = generate(target, text, draft=oracle, k=k, temperature=0.0,
                                               max_new_tokens=tokens, max_steps=rounds, seed=seed + i,
                                               vocab_limit=vocab_limit(tokenizer), prefill_last=False)
                             return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0,

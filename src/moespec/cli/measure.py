@@ -28,6 +28,9 @@ def measure_command(
                                         "(verify passes of k + 1 tokens) instead of decoding --new-tokens"),
     oracle_reps: Optional[int] = typer.Option(None, "--oracle-reps", help="runs of each oracle cell per prompt, "
                                               "spread over the sweep"),
+    start_stride: Optional[int] = typer.Option(None, "--start-stride", help="tokens of the greedy text between the "
+                                               "starts of two oracle repetitions' runs (default 0: every run "
+                                               "starts at the prompt's end)"),
     k: Optional[list[int]] = typer.Option(None, "--k", help="draft length of the oracle sweep (repeatable)"),
     acceptance: Optional[list[float]] = typer.Option(None, "--acceptance", help="oracle acceptance a (repeatable)"),
     n_max: Optional[int] = typer.Option(None, "--n-max", help="largest verify pass size n (default 9)"),
@@ -45,7 +48,7 @@ def measure_command(
     from moespec.bench.measure import measure
 
     knobs = dict(depths=depth or None, reps=reps, stride=stride, prompts=prompts, new_tokens=new_tokens, oracle_steps=steps,
-                 oracle_reps=oracle_reps, ks=k or None,
+                 oracle_reps=oracle_reps, oracle_start_stride=start_stride, ks=k or None,
                  acceptances=acceptance or None, ns=range(1, n_max + 1) if n_max else None,
                  scaling_ns=range(1, scaling_n_max + 1) if scaling_n_max is not None else None)
     knobs = {name: value for name, value in knobs.items() if value is not None}

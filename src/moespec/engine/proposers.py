@@ -90,6 +90,7 @@ class PromptLookup:
 
 
 STEP_BLOCK = 128  # draws per block of the oracle's stratified sequence (`stratified_uniforms`)
+WRONG_FROM = 16  # a wrong draft is one of this many text tokens before the verify window (`OracleDraft`)
 
 
 def stratified_uniforms(n: int, generator: torch.Generator, block: int = STEP_BLOCK) -> torch.Tensor:
@@ -127,9 +128,17 @@ class OracleDraft:
 
     Following the cost-model paper (Sec. 4, App. D.2), each draft is the target's batch-one greedy
     token, and a seeded draw marks the drafts that are wrong, each with probability 1 - a, replacing
-    the first marked one by another real-vocabulary id. Under greedy verification draft i is then
-    accepted iff drafts 1..i are unmarked, so acceptance is geometric at rate a, and proposing costs
-    next to nothing.
+    the first marked one by another token. Under greedy verification draft i is then accepted iff
+    drafts 1..i are unmarked, so acceptance is geometric at rate a, and proposing costs next to
+    nothing.
+
+    The wrong token is a token of the text: one of the WRONG_FROM tokens before the verify window,
+    drawn, and different from the right one (`_wrong`). The paper leaves the corrupted id open. A
+    real draft's wrong guess is a plausible token, routed like the text, and the cost model's V(k)
+    has no a in it: a pass of k + 1 tokens of the text. A uniformly random id, the choice before,
+    names experts the text may never name. The synthetic presets' greedy text cycles through 1-10
+    ids, so there a random id in the window added most of a token's experts: on qwen3moe-shaped the
+    step at k >= 5 took 0.90-0.92 of the time at a >= 0.9 that it took at a <= 0.5 (BENCHMARKS.md).
 
     One draw per step: a step's run of right drafts is j = floor(log u / log a) for one uniform u
     (`geometric_run`: P(j >= i) = a^i, exactly the law of drafts right with probability a each, in
@@ -230,9 +239,23 @@ class OracleDraft:
         g = self._ref[L: L + k].clone()  # [k'] the target's greedy tokens
         j = geometric_run(self._u[self.draws], self.a)  # right drafts before the first wrong one
         if j < g.shape[0]:  # draft j + 1 is wrong; verification stops there, so later ones need no mark
-            g[j] = (g[j] + self._shift[self.draws]) % self._sampler.vocab_limit  # any other real id
+            g[j] = self._wrong(L - 1, int(g[j]), int(self._shift[self.draws]))
         self.draws += 1
         return g, None
+
+    def _wrong(self, start: int, right: int, draw: int) -> int:
+        """A token of the text before the verify window (which starts at `start`) other than `right`.
+
+        Drawn among the WRONG_FROM tokens before the window; walking back from the draw past copies
+        of `right`; a different real id (`right + draw`) where the whole text is `right`.
+        """
+        ref = self._ref
+        q = start - 1 - draw % WRONG_FROM
+        while q >= 0 and int(ref[q]) == right:
+            q -= 1
+        if q >= 0:
+            return int(ref[q])
+        return (right + draw) % self._sampler.vocab_limit
 
     def commit(self, keep: int) -> None:
         pass
