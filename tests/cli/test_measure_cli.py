@@ -80,3 +80,10 @@ def test_measure_times_the_operation_between_the_passes_of_the_verified_windows(
     missing = CliRunner().invoke(app, args[:-4] + ["--verified", str(tmp_path / "none.parquet"), "--out", str(out)])
     flat = "".join(c for c in missing.output if not c.isspace() and c != "│")  # the error box wraps long paths
     assert missing.exit_code != 0 and "none.parquet" in flat
+
+
+def test_a_negative_start_stride_names_the_value_and_the_fix(tmp_path):
+    result = CliRunner().invoke(app, ["measure", "--model", "synthetic:olmoe-tiny", "--start-stride", "-3",
+                                      "--out", str(tmp_path / "m.json")])
+    assert result.exit_code != 0
+    assert "oracle_start_stride" in result.output and "-3" in result.output
