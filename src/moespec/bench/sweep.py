@@ -49,6 +49,7 @@ class PrefilledTarget:
     kept at prefill (rows [P, V]); positions past it run the model on the real cache, which always
     holds the prompt.
     Extending a prompt position with any other token than the prompt's raises ValueError.
+    `hold(tokens)` makes the prompt longer by `tokens`, so that runs can start further into a text.
     """
 
     def __init__(self, model, prompt: torch.Tensor):  # prompt: [P] int64
@@ -372,7 +373,7 @@ class _Prompts:
     def __init__(self, model, tokenizer, depth: int, count: int, prefill_last: bool = True):
         self.model, self.ids = model, prompt_ids(tokenizer, depth, count)
         self.prefill_last = prefill_last  # False: the targets hold all but the last token (its pass is a round's)
-        self._targets: dict[tuple, PrefilledTarget] = {}
+        self._targets: dict[int, PrefilledTarget] = {}
 
     def target(self, i: int, text: Sequence[int] | None = None) -> PrefilledTarget:
         text = list(self.ids[i] if text is None else text)

@@ -136,9 +136,10 @@ class OracleDraft:
     drawn, and different from the right one (`_wrong`). The paper leaves the corrupted id open. A
     real draft's wrong guess is a plausible token, routed like the text, and the cost model's V(k)
     has no a in it: a pass of k + 1 tokens of the text. A uniformly random id, the choice before,
-    names experts the text may never name. The synthetic presets' greedy text cycles through 1-10
-    ids, so there a random id in the window added most of a token's experts: on qwen3moe-shaped the
-    step at k >= 5 took 0.90-0.92 of the time at a >= 0.9 that it took at a <= 0.5 (BENCHMARKS.md).
+    names experts the text may never name, and the synthetic presets' greedy text cycles through a
+    few ids. Where the text is one id repeated, any wrong token adds a second token's experts
+    (qwen3moe-shaped's first demo prompt: BENCHMARKS.md, "With every acceptance's steps on the same
+    stretch of text").
 
     One draw per step: a step's run of right drafts is j = floor(log u / log a) for one uniform u
     (`geometric_run`: P(j >= i) = a^i, exactly the law of drafts right with probability a each, in
