@@ -165,6 +165,9 @@ def generate(
             logits = tgt.extend(torch.cat((seq[L - 1: L], x)) if n else seq[L - 1: L])  # [n+1, V]
         t2 = time.perf_counter()
         a, nxt = sampler.verify(sampler.prepare(logits), x, q)
+        cut = getattr(proposer, "marked", None) if n else None
+        if cut is not None and cut < a:  # the oracle marked draft cut + 1 wrong (`OracleDraft`): rejected
+            a, nxt = cut, x[cut]  # greedy: the target's token there is the draft it matched
         t3 = time.perf_counter()
         seq[L: L + a] = x[:a]
         seq[L + a] = nxt

@@ -90,7 +90,6 @@ class PromptLookup:
 
 
 STEP_BLOCK = 128  # draws per block of the oracle's stratified sequence (`stratified_uniforms`)
-WRONG_FROM = 16  # a wrong draft is one of this many text tokens before the verify window (`OracleDraft`)
 
 
 def stratified_uniforms(n: int, generator: torch.Generator, block: int = STEP_BLOCK) -> torch.Tensor:
@@ -124,29 +123,28 @@ def geometric_run(u: float, a: float) -> float:
 
 
 class OracleDraft:
-    """The oracle draft: the target's own greedy token, corrupted with probability 1 - a.
+    """The oracle draft: the target's own greedy token, marked wrong with probability 1 - a.
 
-    Following the cost-model paper (Sec. 4, App. D.2), each draft is the target's batch-one greedy
-    token, and a seeded draw marks the drafts that are wrong, each with probability 1 - a, replacing
-    the first marked one by another token. Under greedy verification draft i is then accepted iff
-    drafts 1..i are unmarked, so acceptance is geometric at rate a, and proposing costs next to
-    nothing.
+    Following the cost-model paper (Sec. 4, App. D.2, App. E: "seeded flags that mark drafts
+    wrong"), each draft is the target's batch-one greedy token, and a seeded draw marks the drafts
+    that are wrong, each with probability 1 - a. `generate` rejects a step's drafts from the first
+    marked one on (`marked`): draft i is accepted iff drafts 1..i are unmarked (and match the
+    verify pass), so acceptance is geometric at rate a, and proposing costs next to nothing.
 
-    The wrong token is a token of the text: one of the WRONG_FROM tokens before the verify window,
-    drawn, and different from the right one (`_wrong`). The paper leaves the corrupted id open. A
-    real draft's wrong guess is a plausible token, routed like the text, and the cost model's V(k)
-    has no a in it: a pass of k + 1 tokens of the text. A uniformly random id, the choice before,
-    names experts the text may never name, and the synthetic presets' greedy text cycles through a
-    few ids. Where the text is one id repeated, any wrong token adds a second token's experts
-    (qwen3moe-shaped's first demo prompt: BENCHMARKS.md, "With every acceptance's steps on the same
-    stretch of text").
+    A marked draft keeps its token. Under greedy verification the target's token at that position
+    is the draft itself, so the committed text is the target's greedy text whatever is marked, and
+    every verify pass reads k + 1 tokens of that text: the window the cost model's V(k) prices, with
+    no a in it. Replacing the marked draft by another token, as this class did before, made the
+    step time depend on a: a wrong token names experts of its own, and where the synthetic presets'
+    greedy text repeats one id (qwen3moe-shaped's first demo prompt), every wrong token added a
+    second token's experts to the window (BENCHMARKS.md, "Marked, not replaced").
 
     One draw per step: a step's run of right drafts is j = floor(log u / log a) for one uniform u
     (`geometric_run`: P(j >= i) = a^i, exactly the law of drafts right with probability a each, in
-    a row), and draft j + 1, if the step has it, is the wrong one. Drafts after it are never
-    examined. So runs with the same seed share the step outcomes at every k and a (common random
-    numbers: a step accepts min(j, k)). `offset` starts the sequence later, so that several runs of
-    one sweep cell read consecutive stretches of one sequence; `draws` says how many a run took.
+    a row), and draft j + 1, if the step has it, is marked. Drafts after it are never examined.
+    So runs with the same seed share the step outcomes at every k and a (common random numbers: a
+    step accepts min(j, k)). `offset` starts the sequence later, so that several runs of one sweep
+    cell read consecutive stretches of one sequence; `draws` says how many a run took.
 
     The uniforms are stratified in blocks of `block` steps (`stratified_uniforms`): each step's run
     still has exactly the geometric law, but a block's runs follow its quantiles, so a cell's tokens
@@ -185,6 +183,7 @@ class OracleDraft:
         self._given = reference
         self.reanchors = 0
         self.draws = 0
+        self.marked: int | None = None  # the first draft of the last proposal marked wrong (0-based)
         self._target: CachedModel | None = None
         self._ref: torch.Tensor = torch.zeros(0, dtype=torch.long)  # [P + max_new_tokens] prompt + greedy tokens
         self._end = 0
@@ -201,8 +200,6 @@ class OracleDraft:
         need = self.offset + max_new_tokens + 1
         gen = torch.Generator(device="cpu").manual_seed(self.seed)
         self._u = stratified_uniforms(need, gen, block=self.block)[self.offset:].tolist()
-        gen = torch.Generator(device="cpu").manual_seed(self.seed + 1)
-        self._shift = torch.randint(1, max(sampler.vocab_limit, 2), (need,), generator=gen)[self.offset:]
         self.reanchors = 0
         self.draws = 0
         ref, P = self._given, prompt.shape[0]
@@ -239,24 +236,10 @@ class OracleDraft:
             self._ref = self._greedy_from(context)
         g = self._ref[L: L + k].clone()  # [k'] the target's greedy tokens
         j = geometric_run(self._u[self.draws], self.a)  # right drafts before the first wrong one
-        if j < g.shape[0]:  # draft j + 1 is wrong; verification stops there, so later ones need no mark
-            g[j] = self._wrong(L - 1, int(g[j]), int(self._shift[self.draws]))
+        # draft j + 1 is marked; verification stops there, so later ones need no mark
+        self.marked = int(j) if j < g.shape[0] else None
         self.draws += 1
         return g, None
-
-    def _wrong(self, start: int, right: int, draw: int) -> int:
-        """A token of the text before the verify window (which starts at `start`) other than `right`.
-
-        Drawn among the WRONG_FROM tokens before the window; walking back from the draw past copies
-        of `right`; a different real id (`right + draw`) where the whole text is `right`.
-        """
-        ref = self._ref
-        q = start - 1 - draw % WRONG_FROM
-        while q >= 0 and int(ref[q]) == right:
-            q -= 1
-        if q >= 0:
-            return int(ref[q])
-        return (right + draw) % self._sampler.vocab_limit
 
     def commit(self, keep: int) -> None:
         pass
