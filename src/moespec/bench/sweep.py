@@ -457,11 +457,13 @@ def run_oracle(
     across k and a).
 
     start_stride: repetition r's runs start r·start_stride tokens into the target's greedy text (the
-    prompt followed by that much of it, untimed), so that short runs verify the same stretches of
-    text at every acceptance. Runs that all start at the prompt's end verify at a = 0.2 only the
-    first 5 or so tokens of the continuation, at a = 0.98 the first 36 (4 steps of k = 8); where the
-    greedy text settles into a cycle after a few tokens, as on the synthetic presets, those stretches
-    route to different numbers of experts, and the step time came to depend on a (BENCHMARKS.md).
+    prompt followed by that much of it, untimed). With `steps=1` every cell's steps then verify the
+    same windows of text, those starting at 0, T, 2T, ... tokens in, at every k and a: the oracle's
+    drafts are that text (`OracleDraft` marks wrong drafts, it does not replace them). A run of
+    several steps covers a stretch whose length grows with a (at a = 0.98 and k = 8, 4 steps read
+    36 tokens, at a = 0.2 about 5); where the greedy text cycles through a few ids, as on the
+    synthetic presets, stretches of different lengths route to different numbers of experts, and
+    the step time came to depend on a (BENCHMARKS.md, "One step per run").
     """
     if start_stride < 0:
         raise ValueError(f"start_stride must be >= 0 tokens, got {start_stride}")
@@ -487,7 +489,7 @@ def run_oracle(
                         tokens, rounds = oracle_budget(k, new_tokens, steps)
                         key = {"part": "oracle", "kernel": kernel, "depth": depth, "prompt": i, "k": k,
                                "a": a, "rep": rep, "new_tokens": tokens, "seed": seed, "prefill_last": False,
-                               "oracle_draws": f"one per step, blocks of {block}",
+                               "oracle_draws": f"one per step, blocks of {block}", "wrong_drafts": "marked",
                                **({"steps": rounds} if rounds else {}),
                                **({"start": start_stride * rep} if start_stride else {})}
                         cell = runs.setdefault((kernel, depth, k, a), [])
