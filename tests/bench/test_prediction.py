@@ -1,5 +1,6 @@
 """predict_from_artifacts: built from characterization, trace and base measurement only."""
 
+import copy
 import json
 from dataclasses import replace
 
@@ -132,6 +133,32 @@ def test_measured_time_version_takes_the_operation_timed_between_the_verify_pass
     cal = predict_from_artifacts(char, trace, base, version="calibrated")
     assert cal.S == pytest.approx(got.S)
     assert predict_from_artifacts(char, trace, _without_ops(base), version="measured-time").M != got.M
+
+
+def test_calibrated_growth_is_taken_pass_by_pass(run):
+    """o(n) is the median of each slot pass minus its own operation, summed over the model's two
+    layers (both timed as layer 0); it differs here from the difference of the two medians."""
+    char, trace, base = _inputs(run)
+    v = copy.deepcopy(base["verify"][0])
+    rng = np.random.default_rng(3)
+    passes, ops = {}, {}
+    for n in (1, 2, 3):
+        passes[n] = 0.01 * n + rng.uniform(0, 0.02, size=(1, 5))  # [P, R]
+        ops[n] = 0.002 * n + rng.uniform(0, 0.008, size=(1, 5, 1))  # [P, R, L]: layer 0
+        v["samples"]["moespec_slot"][str(n)] = passes[n].tolist()
+        v["ops"]["moespec_slot"][str(n)] = ops[n].tolist()
+    base = {**base, "verify": [v]}
+    entry = predict_all(char, trace, base)["depths"][0]
+    assert entry["calibrated_growth"].startswith("pass by pass")
+    plain = predict_from_artifacts(char, trace, base, version="measured-time")
+    cal = predict_from_artifacts(char, trace, base, version="calibrated")
+    o = {n: float(np.median(passes[n] - 2 * ops[n][..., 0])) for n in (1, 2, 3)}
+    apart = {n: float(np.median(passes[n]) - 2 * np.median(ops[n])) for n in (1, 2, 3)}
+    assert abs((o[3] - o[1]) - (apart[3] - apart[1])) > 1e-4  # the two estimates differ
+    for i, n in enumerate(cal.n):
+        assert cal.tau["dedup"][i] == pytest.approx(plain.tau["dedup"][i] + o[n] - o[1], rel=1e-9)
+    # without the operation timed between the passes, g(n) is tau_slot(n) minus the measured-time version's
+    assert predict_all(char, trace, _without_ops(base))["depths"][0]["calibrated_growth"].startswith("tau_slot")
 
 
 def test_measured_time_version_times_the_verified_windows(run):

@@ -101,6 +101,25 @@ def test_calibrated_version_takes_the_outside_growth_from_the_measured_slot_time
     assert cal.version == "calibrated" and cal.crossover == plain.crossover
 
 
+def test_calibrated_version_takes_the_growth_pass_by_pass_where_given():
+    """With o(n), the time outside the operation pass by pass, g(n) = o(n) - o(1), whatever the
+    medians of the slot passes say."""
+    t_slot, t_dedup, h = inputs()
+    measured = {n: true_tau("slot", n) * (1.1 if n % 2 else 0.9) for n in range(1, N_MAX + 1)}  # noisy medians
+    outside = {n: 0.004 + 3 * Q * (n - 1) + (Q if n == 5 else 0.0) for n in range(1, N_MAX + 1)}
+    kw = dict(t_slot=t_slot, t_dedup=t_dedup, tau1=true_tau("slot", 1), h=h, eps=0.05)
+    plain = predict(**kw, version="measured-time")
+    cal = predict(**kw, version="calibrated", tau_slot_measured=measured, outside=outside)
+    for p in ("slot", "dedup"):
+        for i, n in enumerate(cal.n):
+            assert cal.tau[p][i] == pytest.approx(plain.tau[p][i] + outside[n] - outside[1], rel=1e-12)
+    assert cal.S == pytest.approx(plain.S)
+    with pytest.raises(ValueError, match="outside lacks n = \\[9\\]"):
+        predict(**kw, version="calibrated", tau_slot_measured=measured, outside={n: 0.0 for n in range(1, 9)})
+    with pytest.raises(ValueError, match="calibrated version only"):
+        predict(**kw, version="measured-time", outside=outside)
+
+
 def test_one_token_dedup_time_is_used_when_given_and_tau1_otherwise():
     t_slot, t_dedup, h = inputs()
     p = predict(t_slot=t_slot, t_dedup=t_dedup, tau1=0.5, h=h, eps=0.0)

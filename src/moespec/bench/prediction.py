@@ -145,7 +145,21 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
         times = VerifyTimes.from_dict(v)
         out["ops"] = {p: {n: t.tolist() for n, t in times.op_times(ENGINE_KERNELS[p]).items()} for p in ("slot", "dedup")}
         out["op_layers"] = list(times.op_layers)
+        # pass by pass, for the calibrated version's time outside the operation (`_outside`)
+        out["slot_passes"] = {n: times.samples[SLOT][n] for n in times.ns} if SLOT in times.samples else {}
+        out["slot_pass_ops"] = times.ops.get(SLOT, {})
     return out
+
+
+def _outside(base: Mapping[str, Any], source: list[int], ns: list[int]) -> dict[int, float] | None:
+    """o(n): the median over the per-slot verify passes of each pass's time minus its own expert
+    operation's, summed over the model's layers (layer l timed as `source[l]`), timed right after
+    the pass on its window; None where the base measurement lacks those times for some n or layer."""
+    passes, ops, layers = base.get("slot_passes", {}), base.get("slot_pass_ops", {}), base.get("op_layers", [])
+    if not set(source) <= set(layers) or not set(ns) <= set(passes) or not set(ns) <= set(ops):
+        return None
+    pick = [layers.index(c) for c in source]
+    return {n: float(np.median(passes[n] - ops[n][..., pick].sum(axis=-1))) for n in ns}
 
 
 def _between_passes(base: Mapping[str, Any], source: list[int], ns: list[int]) -> dict[str, dict] | None:
@@ -208,7 +222,8 @@ def predict_from_artifacts(
     the verify passes at this depth verified: timed between those passes where the base measurement
     did, else by the characterization where it timed them, else on its recorded windows) or "calibrated" (the measured-time version, or the
     prediction where no measured times exist, plus the growth with n of the time outside the
-    expert operation from τ_slot(n)). Uncharacterized layers take the nearest characterized
+    expert operation from the per-slot verify passes: pass by pass where the operation was timed
+    between them, `costmodel.predict._calibrate`). Uncharacterized layers take the nearest characterized
     layer's fit and times: all MoE layers of a model share their widths.
     depth: the context depth of the verify times and h(k) (default: the smallest measured).
     Raises ValueError naming the missing input when a version cannot be computed.
@@ -230,9 +245,14 @@ def predict_from_artifacts(
             raise ValueError(ops)
         ops = _operation_inputs(char, trace, ns, measured=False, depth=base["depth"])
     h = base["h"][: ns[-1]]
+    calibrated = version == "calibrated"
+    # the time outside the operation pass by pass, where the measured-time version that the
+    # calibrated one builds on reads the operation timed between the passes
+    source = nearest_layers(char["layers"], trace.num_layers)
+    outside = _outside(base, source, ns) if calibrated and _between_passes(base, source, ns) else None
     return predict(
         t_slot=ops[0], t_dedup=ops[1], tau1=base["tau1"], h=h, eps=engine_eps(char), version=version,
-        tau_slot_measured=base["tau"]["slot"] if version == "calibrated" else None, acceptance=acceptance,
+        tau_slot_measured=base["tau"]["slot"] if calibrated else None, outside=outside, acceptance=acceptance,
     )
 
 
@@ -260,6 +280,9 @@ def predict_all(characterization, traces, measurement_base, *, acceptance: Seque
                 entry["unavailable"][version] = str(e)
         if "calibrated" in entry["versions"]:
             entry["calibrated_on"] = "measured-time" if "measured-time" in entry["versions"] else "prediction"
+            entry["calibrated_growth"] = ("pass by pass: each per-slot pass minus its own operation"
+                                          if entry["measured_time_windows"].startswith("verified, timed between")
+                                          else "tau_slot(n) minus the measured-time version's")
         depths.append(entry)
     if not depths:
         raise ValueError("the measurement has no verify times; run the base measurement first")

@@ -10,7 +10,7 @@ the time per step outside the verify pass. Nothing comes from a speculative run.
 t̄_l(1) is the per-slot kernel's one-token time, because the engine runs that kernel at n = 1 with
 deduplication off and on (the paper's one correction after comparing with measurements). The
 *calibrated version* adds g(n), the growth with n of the time outside the expert operation, read
-from the measured verify times with deduplication off. From τ̂ follow the saving Ŝ(n) with the band
+from the measured verify times with deduplication off (`_calibrate`). From τ̂ follow the saving Ŝ(n) with the band
 of (18), the crossover (Sec. 2), V̂(k) = τ̂_p(k+1) + h(k), k̂*(a), the speedup and (20)–(21).
 """
 
@@ -87,18 +87,32 @@ def _operation_times(t_slot: Mapping[Any, Any], t_dedup: Mapping[Any, Any]) -> d
     return {"slot": slot, "dedup": dict(sorted(dedup.items()))}
 
 
-def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Mapping[Any, float]) -> dict:
-    """The calibrated version: add g(n) = τ_slot(n) measured − τ̂_slot(n) to both kernels' (22).
+def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Mapping[Any, float],
+               outside: Mapping[Any, float] | None = None) -> dict:
+    """The calibrated version: add g(n), the growth with n of the time outside the expert operation
+    (attention, dense layers), to both kernels' (22). It cancels in the saving and stays in the
+    verify time.
 
-    g(n) is the growth with n outside the expert operation (attention, dense layers), read from the
-    verify times with deduplication off; it cancels in the saving and stays in the verify time.
+    With `outside` ({n: o(n)}, the median over verify passes with deduplication off of each pass's
+    time minus its own expert operation's, timed right after it on its window: `bench.verify.run_verify`),
+    g(n) = o(n) − o(1). A pass and its operation share the machine's moment: on the demo's presets
+    their times correlate at 0.65-0.89, and the difference varies about half as much as the pass
+    (BENCHMARKS.md, "The time outside the operation, pass by pass"). Without it, g(n) = τ_slot(n)
+    measured − τ̂_slot(n), the difference of two medians, each with its own noise.
     """
-    measured = {int(n): float(t) for n, t in tau_slot_measured.items()}
-    missing = [n for n in ns if n not in measured]
-    if missing:
-        raise ValueError(f"tau_slot_measured lacks n = {missing}; give the measured verify time at every "
-                         f"n = 1..{ns[-1]}")
-    g = [measured[n] - tau["slot"][i] for i, n in enumerate(ns)]
+    if outside is not None:
+        o = {int(n): float(t) for n, t in outside.items()}
+        missing = [n for n in ns if n not in o]
+        if missing:
+            raise ValueError(f"outside lacks n = {missing}; give o(n) at every n = 1..{ns[-1]}")
+        g = [o[n] - o[1] for n in ns]
+    else:
+        measured = {int(n): float(t) for n, t in tau_slot_measured.items()}
+        missing = [n for n in ns if n not in measured]
+        if missing:
+            raise ValueError(f"tau_slot_measured lacks n = {missing}; give the measured verify time at every "
+                             f"n = 1..{ns[-1]}")
+        g = [measured[n] - tau["slot"][i] for i, n in enumerate(ns)]
     return {p: [t + gi for t, gi in zip(tau[p], g)] for p in tau}
 
 
@@ -221,6 +235,7 @@ def predict(
     eps: float,
     version: str = "prediction",
     tau_slot_measured: Mapping[Any, float] | None = None,
+    outside: Mapping[Any, float] | None = None,
     delta: float | None = None,
     acceptance: Sequence[float] = ACCEPTANCE_GRID,
 ) -> Prediction:
@@ -235,6 +250,8 @@ def predict(
     version: "prediction" (fit times), "measured-time" (measured times) or "calibrated".
     tau_slot_measured: {n: τ_slot(n)} measured verify times with deduplication off, n = 1..n_max;
         required by, and only by, the calibrated version.
+    outside: {n: o(n)}, n = 1..n_max, the calibrated version's time outside the expert operation,
+        pass by pass (`_calibrate`); where given, g(n) comes from it instead of tau_slot_measured.
     delta: δ of (20)–(21); default ε/(1−ε) from (C.7).
     """
     if version not in VERSIONS:
@@ -243,6 +260,8 @@ def predict(
         given = "given" if tau_slot_measured is not None else None
         raise ValueError("tau_slot_measured is required by the calibrated version and used by no other; "
                          f"got version={version!r} with tau_slot_measured={given}")
+    if outside is not None and version != "calibrated":
+        raise ValueError(f"outside is used by the calibrated version only; got version={version!r}")
     eps = float(check_positive("eps", eps, allow_zero=True))  # eps >= 1 is allowed: its bounds are vacuous
     if delta is None:
         delta = math.inf if eps >= 1 else float(delta_from_eps(eps))
@@ -263,7 +282,7 @@ def predict(
     M = {p: [float(t_bar[p][n].sum()) for n in ns] for p in ("slot", "dedup")}
     tau = {p: [tau1 + float(np.sum(t_bar[p][n] - t_bar["slot"][1])) for n in ns] for p in ("slot", "dedup")}
     if tau_slot_measured is not None:
-        tau = _calibrate(tau, ns, tau_slot_measured)
+        tau = _calibrate(tau, ns, tau_slot_measured, outside)
     tau["auto"] = [min(s, d) for s, d in zip(tau["slot"], tau["dedup"])]
 
     S = [s - d for s, d in zip(tau["slot"], tau["dedup"])]
