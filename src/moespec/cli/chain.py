@@ -12,6 +12,9 @@ from rich.table import Table
 
 from moespec import artifacts
 from moespec.cli.app import app
+from moespec.pipeline import DemoConfig
+
+_DEMO_MEASURE = DemoConfig().measure  # the defaults the options' help quotes
 
 
 def _prediction_table(payload: dict) -> Table:
@@ -110,16 +113,18 @@ def demo_command(
     smoke: bool = typer.Option(False, "--smoke", help="plumbing check in seconds on olmoe-tiny (tiny settings)"),
     oracle_reps: Optional[int] = typer.Option(
         None, "--oracle-reps", min=1,
-        help="repetitions of every oracle cell per prompt (demo: 5); more lower the summary's loss floor and "
-             "take longer (15: ~3x the sweep); on a finished run folder the sweep (only) is measured again"),
+        help=f"repetitions of every oracle cell per prompt (demo: {_DEMO_MEASURE['oracle_reps']}); more lower the "
+             "summary's loss floor and take longer (3x: ~3x the sweep); on a finished run folder the sweep (only) "
+             "is measured again"),
     verify_reps: Optional[int] = typer.Option(
         None, "--verify-reps", min=1,
-        help="repetitions of every verify pass per prompt (demo: 10); more lower the noise of τ_p(n), which "
+        help=f"repetitions of every verify pass per prompt (demo: {_DEMO_MEASURE['reps']}); more lower the noise of "
+             "τ_p(n), which "
              "the calibrated version is built on; on a finished run folder the base measurement and the "
              "prediction are made again, the sweep's runs reused"),
 ) -> None:
     """The whole chain: trace → characterize → measure → predict → sweep → score → report."""
-    from moespec.pipeline import DemoConfig, run_demo
+    from moespec.pipeline import run_demo
 
     if smoke and full:
         raise typer.BadParameter("--smoke and --full exclude each other")
