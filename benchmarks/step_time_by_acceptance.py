@@ -7,8 +7,10 @@ prompt and acceptance, the geometric mean over k = 1..8 of the cell's step time 
 (`bench.sweep.step_time` of the prompt's runs) over the prompt's V(k) pooled over acceptances; 1.000
 everywhere is a step time without an a. With `--model`, it also decodes each prompt's greedy
 continuation (the text every step verifies) and counts its distinct tokens: a continuation that
-cycles through a few ids routes every all-right window to few experts, and a wrong draft then
-adds experts the cycle never names.
+cycles through a few ids routes every window to few experts. Before the oracle marked its wrong
+drafts instead of replacing them, a replaced draft added experts the cycle never names, and runs
+of several steps covered stretches whose length grew with a (BENCHMARKS.md, "Marked wrong drafts,
+one step per run").
 
     python benchmarks/step_time_by_acceptance.py RUN_DIR --model synthetic:qwen3moe-shaped \\
         --out benchmarks/results/step_time_by_acceptance.json
