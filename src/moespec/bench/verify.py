@@ -73,7 +73,7 @@ def prompt_ids(tokenizer, length: int, count: int = PROMPT_COUNT) -> list[list[i
 
 def greedy_continuation(model, prompt: Sequence[int], length: int, vocab_limit: int | None = None) -> list[int]:
     """The target's first `length` greedy tokens after `prompt` (untimed): the text a speculative
-    step verifies when every draft is right, and the reference the oracle draft corrupts."""
+    step verifies (the oracle draft proposes it, marking some drafts wrong), and the oracle's reference."""
     from moespec.engine.decode import generate
 
     if length < 1:
