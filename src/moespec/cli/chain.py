@@ -114,13 +114,12 @@ def demo_command(
     oracle_reps: Optional[int] = typer.Option(
         None, "--oracle-reps", min=1,
         help=f"repetitions of every oracle cell per prompt (demo: {_DEMO_MEASURE['oracle_reps']}); more lower the "
-             "summary's loss floor and take longer (3x: ~3x the sweep); on a finished run folder the sweep (only) "
-             "is measured again"),
+             "summary's loss floor and take longer (3x the repetitions: ~3x the sweep); on a finished run folder "
+             "the sweep (only) is measured again"),
     verify_reps: Optional[int] = typer.Option(
         None, "--verify-reps", min=1,
         help=f"repetitions of every verify pass per prompt (demo: {_DEMO_MEASURE['reps']}); more lower the noise of "
-             "τ_p(n), which "
-             "the calibrated version is built on; on a finished run folder the base measurement and the "
+             "τ_p(n), which the calibrated version is built on; on a finished run folder the base measurement and the "
              "prediction are made again, the sweep's runs reused"),
 ) -> None:
     """The whole chain: trace → characterize → measure → predict → sweep → score → report."""
