@@ -120,6 +120,25 @@ def test_calibrated_version_takes_the_growth_pass_by_pass_where_given():
         predict(**kw, version="measured-time", outside=outside)
 
 
+def test_calibrated_growth_pooled_where_the_time_outside_falls():
+    """o(n) cannot fall with n (more tokens through attention, dense layers and logits), so a dip is
+    pooled with its neighbours into their mean (isotonic least squares) and g(1) stays 0."""
+    t_slot, t_dedup, h = inputs()
+    measured = {n: true_tau("slot", n) for n in range(1, N_MAX + 1)}
+    kw = dict(t_slot=t_slot, t_dedup=t_dedup, tau1=true_tau("slot", 1), h=h, eps=0.05)
+    plain = predict(**kw, version="measured-time")
+    # o(1..9) in quanta: 6, 2 falls below o(1); 8, 2 falls below 8; the rest climb
+    o = [6, 2, 8, 2, 12, 14, 16, 18, 20]
+    # pooled by hand: (6+2)/2 = 4 twice, (8+2)/2 = 5 twice, then as given; minus the pooled o(1) = 4
+    g = [0, 0, 1, 1, 8, 10, 12, 14, 16]
+    cal = predict(**kw, version="calibrated", tau_slot_measured=measured,
+                  outside={n: x * Q for n, x in zip(range(1, N_MAX + 1), o)})
+    for p in ("slot", "dedup"):
+        for i in range(N_MAX):
+            assert cal.tau[p][i] == pytest.approx(plain.tau[p][i] + g[i] * Q, rel=1e-12)
+    assert cal.tau["slot"][0] == true_tau("slot", 1)  # the one-token pass keeps tau_meas(1)
+
+
 def test_one_token_dedup_time_is_used_when_given_and_tau1_otherwise():
     t_slot, t_dedup, h = inputs()
     p = predict(t_slot=t_slot, t_dedup=t_dedup, tau1=0.5, h=h, eps=0.0)
