@@ -95,22 +95,21 @@ def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Ma
 
     With `outside` ({n: o(n)}, the median over verify passes with deduplication off of each pass's
     time minus its own expert operation's, timed right after it on its window: `bench.verify.run_verify`),
-    g(n) = ô(n) − ô(1), where ô is the nondecreasing least-squares fit of o over n = 1..n_max
-    (`nondecreasing`). A pass and its operation share the machine's moment: on the demo's presets
-    their times correlate at 0.65-0.89, and the difference varies about half as much as the pass
-    (BENCHMARKS.md, "The time outside the operation, pass by pass"). The paper leaves the estimator
-    open; the fit is ours: attention, dense layers and logits read more tokens as n grows, so the
-    time outside the operation cannot fall, and a dip of o(n) below o(n − 1) is the noise of one
-    pass size's median (BENCHMARKS.md, "The growth outside the operation never falls"). Without
-    `outside`, g(n) = τ_slot(n) measured − τ̂_slot(n), the difference of two medians, each with its
-    own noise and the fits' error, which may fall with n, so it is taken as it is.
+    g(n) = ô(n) − o(1), where ô is o's least-squares line through n = 2..n_max (`outside_line`). A pass
+    and its operation share the machine's moment: on the demo's presets their times correlate at
+    0.65-0.89, and the difference varies about half as much as the pass (BENCHMARKS.md, "The time
+    outside the operation, pass by pass"). The paper leaves the estimator open; the line is ours:
+    attention's queries, the dense layers' rows and the logits grow with the pass's tokens once it
+    holds more than one, and what o(n) shows beyond a line is one pass size's noise (BENCHMARKS.md,
+    "The time outside the operation on a line"). Without `outside`, g(n) = τ_slot(n) measured −
+    τ̂_slot(n), the difference of two medians, which also carries the fits' error, taken as it is.
     """
     if outside is not None:
         o = {int(n): float(t) for n, t in outside.items()}
         missing = [n for n in ns if n not in o]
         if missing:
             raise ValueError(f"outside lacks n = {missing}; give o(n) at every n = 1..{ns[-1]}")
-        fit = nondecreasing([o[n] for n in ns])
+        fit = outside_line([o[n] for n in ns])
         g = [float(f - fit[0]) for f in fit]
     else:
         measured = {int(n): float(t) for n, t in tau_slot_measured.items()}
@@ -122,12 +121,21 @@ def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Ma
     return {p: [t + gi for t, gi in zip(tau[p], g)] for p in tau}
 
 
-def nondecreasing(y: Sequence[float]) -> np.ndarray:
-    """The nondecreasing sequence closest to y in least squares (isotonic regression, equal weights):
-    each run of values that falls is replaced by its mean. y: [P]; returns [P]."""
-    from scipy.optimize import isotonic_regression
+def outside_line(o: Sequence[float]) -> np.ndarray:
+    """o(n), n = 1..n_max, with n >= 2 replaced by its least-squares line, the slope at least 0.
 
-    return isotonic_regression(np.asarray(y, dtype=float), increasing=True).x
+    n = 1 keeps its value: a one-token pass runs matrix-vector products, and the step from n = 1 to
+    2 (3-23 ms on the demo's presets) is not on the line through the rest. A fitted slope below 0 is
+    noise, since a pass with more tokens does no less outside the operation: the line is then flat
+    at the mean. o: [P] seconds; returns [P] (o itself when n_max <= 2: no line to fit).
+    """
+    o = np.asarray(o, dtype=float)
+    if o.size <= 2:
+        return o.copy()
+    n = np.arange(2, o.size + 1, dtype=float)
+    slope, intercept = np.polyfit(n, o[1:], 1)
+    line = intercept + slope * n if slope >= 0 else np.full(n.size, o[1:].mean())
+    return np.concatenate([o[:1], line])
 
 
 def crossover(n: Sequence[int], S: Sequence[float]) -> int | None:
