@@ -103,15 +103,15 @@ def test_calibrated_version_takes_the_outside_growth_from_the_measured_slot_time
 
 def test_calibrated_version_takes_the_growth_pass_by_pass_where_given():
     """With o(n), the time outside the operation pass by pass, g(n) = ô(n) - o(1), ô the line through
-    n = 2..9 (o(1) kept), whatever the medians of the slot passes say; what o shows beyond the line
-    is dropped."""
+    n = 3..9 (o(1) and o(2) kept), whatever the medians of the slot passes say; what o shows beyond
+    the line is dropped."""
     t_slot, t_dedup, h = inputs()
     measured = {n: true_tau("slot", n) * (1.1 if n % 2 else 0.9) for n in range(1, N_MAX + 1)}  # noisy medians
-    # n = 2..9: a step of 20 quanta from n = 1, then 3 per token, plus a wobble orthogonal to the line
-    # (its sum and its sum times n are both 0), which the fit must drop
-    wobble = dict(zip(range(2, 10), (1, -1, -1, 1, 1, -1, -1, 1)))
-    line = {n: 0.004 + (20 + 3 * (n - 2)) * Q for n in range(2, N_MAX + 1)}
-    outside = {1: 0.004, **{n: line[n] + wobble[n] * Q for n in line}}
+    # o(2) 20 quanta above o(1), off the line; n = 3..9: 30 quanta, then 3 per token, plus a wobble
+    # orthogonal to the line (its sum and its sum times n are both 0), which the fit must drop
+    wobble = dict(zip(range(3, 10), (1, -1, 0, 0, 0, -1, 1)))
+    line = {2: 0.004 + 20 * Q, **{n: 0.004 + (30 + 3 * (n - 3)) * Q for n in range(3, N_MAX + 1)}}
+    outside = {1: 0.004, 2: line[2], **{n: line[n] + wobble[n] * Q for n in wobble}}
     kw = dict(t_slot=t_slot, t_dedup=t_dedup, tau1=true_tau("slot", 1), h=h, eps=0.05)
     plain = predict(**kw, version="measured-time")
     cal = predict(**kw, version="calibrated", tau_slot_measured=measured, outside=outside)
@@ -127,19 +127,20 @@ def test_calibrated_version_takes_the_growth_pass_by_pass_where_given():
 
 
 def test_a_falling_line_of_the_time_outside_is_taken_flat():
-    """A pass with more tokens does no less outside the operation: a line that falls over n = 2..9 is
-    noise, and g takes the mean of o(2..9) instead."""
+    """A pass with more tokens does no less outside the operation: a line that falls over n = 3..9 is
+    noise, and g takes the mean of o(3..9) there instead; o(2) is kept."""
     t_slot, t_dedup, h = inputs()
     measured = {n: true_tau("slot", n) for n in range(1, N_MAX + 1)}
     kw = dict(t_slot=t_slot, t_dedup=t_dedup, tau1=true_tau("slot", 1), h=h, eps=0.05)
     plain = predict(**kw, version="measured-time")
-    o = [4, 30, 29, 28, 27, 26, 25, 24, 23]  # quanta: falls by one per token from n = 2 (mean 26.5)
+    o = [4, 30, 29, 28, 27, 26, 25, 24, 23]  # quanta: falls by one per token from n = 3 (mean 26)
     cal = predict(**kw, version="calibrated", tau_slot_measured=measured,
                   outside={n: x * Q for n, x in zip(range(1, N_MAX + 1), o)})
     for p in ("slot", "dedup"):
         assert cal.tau[p][0] == plain.tau[p][0]
-        for i in range(1, N_MAX):
-            assert cal.tau[p][i] == pytest.approx(plain.tau[p][i] + 22.5 * Q, rel=1e-12)
+        assert cal.tau[p][1] == pytest.approx(plain.tau[p][1] + 26 * Q, rel=1e-12)
+        for i in range(2, N_MAX):
+            assert cal.tau[p][i] == pytest.approx(plain.tau[p][i] + 22 * Q, rel=1e-12)
 
 
 def test_one_token_dedup_time_is_used_when_given_and_tau1_otherwise():

@@ -281,7 +281,7 @@ def predict_all(characterization, traces, measurement_base, *, acceptance: Seque
         if "calibrated" in entry["versions"]:
             entry["calibrated_on"] = "measured-time" if "measured-time" in entry["versions"] else "prediction"
             between = entry["measured_time_windows"].startswith("verified, timed between")
-            entry["calibrated_growth"] = ("pass by pass: each per-slot pass minus its own operation, on a line over n >= 2"
+            entry["calibrated_growth"] = ("pass by pass: each per-slot pass minus its own operation, on a line over n >= 3"
                                           if between else "tau_slot(n) minus the measured-time version's")
         depths.append(entry)
     if not depths:

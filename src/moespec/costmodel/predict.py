@@ -95,13 +95,13 @@ def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Ma
 
     With `outside` ({n: o(n)}, the median over verify passes with deduplication off of each pass's
     time minus its own expert operation's, timed right after it on its window: `bench.verify.run_verify`),
-    g(n) = ô(n) − o(1), where ô is o's least-squares line through n = 2..n_max (`outside_line`). A pass
+    g(n) = ô(n) − o(1), where ô is o with n = 3..n_max on its least-squares line (`outside_line`). A pass
     and its operation share the machine's moment: on the demo's presets their times correlate at
     0.65-0.89, and the difference varies about half as much as the pass (BENCHMARKS.md, "The time
     outside the operation, pass by pass"). The paper leaves the estimator open; the line is ours:
-    attention's queries, the dense layers' rows and the logits grow with the pass's tokens once it
-    holds more than one, and what o(n) shows beyond a line is one pass size's noise (BENCHMARKS.md,
-    "The time outside the operation on a line"). Without `outside`, g(n) = τ_slot(n) measured −
+    attention's queries, the dense layers' rows and the logits grow with the pass's tokens, the
+    smallest passes (n = 1, 2) in a regime of their own, and what o(n) shows beyond a line is one
+    pass size's noise (BENCHMARKS.md, "The time outside the operation on a line"). Without `outside`, g(n) = τ_slot(n) measured −
     τ̂_slot(n), the difference of two medians, which also carries the fits' error, taken as it is.
     """
     if outside is not None:
@@ -122,20 +122,22 @@ def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Ma
 
 
 def outside_line(o: Sequence[float]) -> np.ndarray:
-    """o(n), n = 1..n_max, with n >= 2 replaced by its least-squares line, the slope at least 0.
+    """o(n), n = 1..n_max, with n >= 3 replaced by its least-squares line, the slope at least 0.
 
-    n = 1 keeps its value: a one-token pass runs matrix-vector products, and the step from n = 1 to
-    2 (3-23 ms on the demo's presets) is not on the line through the rest. A fitted slope below 0 is
-    noise, since a pass with more tokens does no less outside the operation: the line is then flat
-    at the mean. o: [P] seconds; returns [P] (o itself when n_max <= 2: no line to fit).
+    n = 1 and 2 keep their values: a one-token pass runs matrix-vector products, and on the demo's
+    presets o(2) sits 3-23 ms above o(1) and, on olmoe- and qwen3moe-shaped, 4-11 ms below where the
+    line through the larger passes puts it, while o(3..9) lie on that line up to each size's noise
+    (BENCHMARKS.md, "The time outside the operation on a line"). A fitted slope below 0 is noise, since
+    a pass with more tokens does no less outside the operation: the line is then flat at the mean.
+    o: [P] seconds; returns [P] (o itself when n_max <= 3: no more than a line to fit).
     """
     o = np.asarray(o, dtype=float)
-    if o.size <= 2:
+    if o.size <= 3:
         return o.copy()
-    n = np.arange(2, o.size + 1, dtype=float)
-    slope, intercept = np.polyfit(n, o[1:], 1)
-    line = intercept + slope * n if slope >= 0 else np.full(n.size, o[1:].mean())
-    return np.concatenate([o[:1], line])
+    n = np.arange(3, o.size + 1, dtype=float)
+    slope, intercept = np.polyfit(n, o[2:], 1)
+    line = intercept + slope * n if slope >= 0 else np.full(n.size, o[2:].mean())
+    return np.concatenate([o[:2], line])
 
 
 def crossover(n: Sequence[int], S: Sequence[float]) -> int | None:
