@@ -101,8 +101,9 @@ def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Ma
     outside the operation, pass by pass"). The paper leaves the estimator open; the line is ours:
     attention's queries, the dense layers' rows and the logits grow with the pass's tokens, the
     smallest passes (n = 1, 2) in a regime of their own, and what o(n) shows beyond a line is one
-    pass size's noise (BENCHMARKS.md, "The time outside the operation on a line"). Without `outside`, g(n) = τ_slot(n) measured −
-    τ̂_slot(n), the difference of two medians, which also carries the fits' error, taken as it is.
+    pass size's noise (BENCHMARKS.md, "The time outside the operation on a line"). Without `outside`,
+    g(n) = τ_slot(n) measured − τ̂_slot(n), the difference of two medians, which also carries the
+    fits' error, taken as it is.
     """
     if outside is not None:
         o = {int(n): float(t) for n, t in outside.items()}
