@@ -126,9 +126,9 @@ def outside_line(o: Sequence[float]) -> np.ndarray:
     """o(n), n = 1..n_max, with n >= 3 replaced by its least-squares line, the slope at least 0.
 
     n = 1 and 2 keep their values: a one-token pass runs matrix-vector products, and on the demo's
-    presets o(2) sits 3-23 ms above o(1) and, on olmoe- and qwen3moe-shaped, 4-11 ms below where the
+    presets o(2) sits 3-19 ms above o(1) and, on olmoe- and qwen3moe-shaped, 2-12 ms below where the
     line through the larger passes puts it, while o(3..9) lie on that line up to each size's noise
-    (BENCHMARKS.md, "The time outside the operation on a line"). A fitted slope below 0 is noise, since
+    (1-6 ms; BENCHMARKS.md, "The time outside the operation on a line"). A fitted slope below 0 is noise, since
     a pass with more tokens does no less outside the operation: the line is then flat at the mean.
     o: [P] seconds; returns [P] (o itself when n_max <= 3: no more than a line to fit).
     """
