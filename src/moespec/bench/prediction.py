@@ -281,8 +281,9 @@ def predict_all(characterization, traces, measurement_base, *, acceptance: Seque
         if "calibrated" in entry["versions"]:
             entry["calibrated_on"] = "measured-time" if "measured-time" in entry["versions"] else "prediction"
             between = entry["measured_time_windows"].startswith("verified, timed between")
-            entry["calibrated_growth"] = ("pass by pass: each per-slot pass minus its own operation, on a line over n >= 3"
-                                          if between else "tau_slot(n) minus the measured-time version's")
+            entry["calibrated_growth"] = ("pass by pass: each per-slot pass minus its own operation, "
+                                          "on a line over n >= 3" if between
+                                          else "tau_slot(n) minus the measured-time version's")
         depths.append(entry)
     if not depths:
         raise ValueError("the measurement has no verify times; run the base measurement first")

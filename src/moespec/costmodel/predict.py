@@ -95,9 +95,9 @@ def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Ma
 
     With `outside` ({n: o(n)}, the median over verify passes with deduplication off of each pass's
     time minus its own expert operation's, timed right after it on its window: `bench.verify.run_verify`),
-    g(n) = ô(n) − o(1), where ô is o with n = 3..n_max on its least-squares line (`outside_line`). A pass
-    and its operation share the machine's moment: on the demo's presets their times correlate at
-    0.65-0.89, and the difference varies about half as much as the pass (BENCHMARKS.md, "The time
+    g(n) = ô(n) − o(1), where ô is o with n = 3..n_max on its least-squares line (`outside_line`).
+    A pass and its operation share the machine's moment: on the demo's presets their times correlate
+    at 0.65-0.89, and the difference varies about half as much as the pass (BENCHMARKS.md, "The time
     outside the operation, pass by pass"). The paper leaves the estimator open; the line is ours:
     attention's queries, the dense layers' rows and the logits grow with the pass's tokens, the
     smallest passes (n = 1, 2) in a regime of their own, and what o(n) shows beyond a line is one
@@ -110,8 +110,7 @@ def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Ma
         missing = [n for n in ns if n not in o]
         if missing:
             raise ValueError(f"outside lacks n = {missing}; give o(n) at every n = 1..{ns[-1]}")
-        fit = outside_line([o[n] for n in ns])
-        g = [float(f - fit[0]) for f in fit]
+        g = [float(f - o[1]) for f in outside_line([o[n] for n in ns])]
     else:
         measured = {int(n): float(t) for n, t in tau_slot_measured.items()}
         missing = [n for n in ns if n not in measured]
@@ -128,8 +127,9 @@ def outside_line(o: Sequence[float]) -> np.ndarray:
     n = 1 and 2 keep their values: a one-token pass runs matrix-vector products, and on the demo's
     presets o(2) sits 3-19 ms above o(1) and, on olmoe- and qwen3moe-shaped, 2-12 ms below where the
     line through the larger passes puts it, while o(3..9) lie on that line up to each size's noise
-    (1-6 ms; BENCHMARKS.md, "The time outside the operation on a line"). A fitted slope below 0 is noise, since
-    a pass with more tokens does no less outside the operation: the line is then flat at the mean.
+    (1-6 ms; BENCHMARKS.md, "The time outside the operation on a line"). A fitted slope below 0 is
+    noise, since a pass with more tokens does no less outside the operation: the line is then flat
+    at the mean.
     o: [P] seconds; returns [P] (o itself when n_max <= 3: no more than a line to fit).
     """
     o = np.asarray(o, dtype=float)
