@@ -85,11 +85,10 @@ def test_every_version_predicts(run):
     payload = predict_all(char, trace, base)
     entry = payload["depths"][0]
     assert set(entry["versions"]) == set(VERSIONS) and entry["unavailable"] == {}
+    # the smoke demo's base measurement splits its passes: the calibrated growth is read inside them
+    assert entry["calibrated_growth"].startswith("pass by pass")
     p = entry["versions"]["calibrated"]
-    # with passes of n = 1..3 no line is fitted, and with one repetition the calibrated version
-    # reproduces the measured per-slot verify times exactly
-    tau = base["verify"][0]["tau"]["moespec_slot"]
-    assert p["tau"]["slot"] == pytest.approx([tau[str(n)] for n in p["n"]])
+    assert p["tau"]["slot"][0] == pytest.approx(base["verify"][0]["tau_meas_1"])  # g(1) = 0
 
 
 def test_predict_never_reads_the_sweeps(run):
@@ -137,30 +136,34 @@ def test_measured_time_version_takes_the_operation_timed_between_the_verify_pass
 
 
 def test_calibrated_growth_is_taken_pass_by_pass(run):
-    """o(n) is the median of each slot pass minus its own operation, summed over the model's two
-    layers (both timed as layer 0); it differs here from the difference of the two medians."""
+    """o(n) is the median of each slot pass's time minus its time inside the experts modules; it
+    differs here from the difference of the two medians."""
     char, trace, base = _inputs(run)
     v = copy.deepcopy(base["verify"][0])
     rng = np.random.default_rng(3)
-    passes, ops = {}, {}
+    passes, inside = {}, {}
     tau1 = v["tau_meas_1"]
     for n in (1, 2, 3):  # a growth of 10 ms per token outside the operation, passes 4 ms apart
         passes[n] = tau1 + 0.01 * (n - 1) + rng.uniform(0, 0.004, size=(1, 5))  # [P, R]
-        ops[n] = 1e-4 * n + rng.uniform(0, 2e-4, size=(1, 5, 1))  # [P, R, L]: layer 0
+        inside[n] = 1e-4 * n + rng.uniform(0, 2e-4, size=(1, 5))  # [P, R]
         v["samples"]["moespec_slot"][str(n)] = passes[n].tolist()
-        v["ops"]["moespec_slot"][str(n)] = ops[n].tolist()
+        v["inside"]["moespec_slot"][str(n)] = inside[n].tolist()
     base = {**base, "verify": [v]}
     entry = predict_all(char, trace, base)["depths"][0]
     assert entry["calibrated_growth"].startswith("pass by pass")
     plain = predict_from_artifacts(char, trace, base, version="measured-time")
     cal = predict_from_artifacts(char, trace, base, version="calibrated")
-    o = {n: float(np.median(passes[n] - 2 * ops[n][..., 0])) for n in (1, 2, 3)}
-    apart = {n: float(np.median(passes[n]) - 2 * np.median(ops[n])) for n in (1, 2, 3)}
+    o = {n: float(np.median(passes[n] - inside[n])) for n in (1, 2, 3)}
+    apart = {n: float(np.median(passes[n]) - np.median(inside[n])) for n in (1, 2, 3)}
     assert abs((o[3] - o[1]) - (apart[3] - apart[1])) > 1e-6  # the two estimates differ
     for i, n in enumerate(cal.n):
         assert cal.tau["dedup"][i] == pytest.approx(plain.tau["dedup"][i] + o[n] - o[1], rel=1e-9)
-    # without the operation timed between the passes, g(n) is tau_slot(n) minus the measured-time version's
-    assert predict_all(char, trace, _without_ops(base))["depths"][0]["calibrated_growth"].startswith("tau_slot")
+    # a base measurement whose passes were not split: g(n) is tau_slot(n) minus the measured-time version's
+    unsplit = {**base, "verify": [{k: x for k, x in v.items() if k != "inside"}]}
+    assert predict_all(char, trace, unsplit)["depths"][0]["calibrated_growth"].startswith("tau_slot")
+    cal_unsplit = predict_from_artifacts(char, trace, unsplit, version="calibrated")
+    for i, n in enumerate(cal.n):
+        assert cal_unsplit.tau["slot"][i] == pytest.approx(v["tau"]["moespec_slot"][str(n)], rel=1e-9)
 
 
 def test_measured_time_version_times_the_verified_windows(run):

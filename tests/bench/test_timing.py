@@ -3,7 +3,10 @@
 import numpy as np
 import pytest
 
-from moespec.bench.timing import MIN_FLUSH_BYTES, CacheFlusher, Timing, measure, read_bandwidth
+import torch
+
+from moespec.bench import timing
+from moespec.bench.timing import MIN_FLUSH_BYTES, CacheFlusher, ModuleClock, Timing, measure, read_bandwidth
 from moespec.device import last_level_cache_bytes
 
 
@@ -69,3 +72,41 @@ def test_flusher_touches_every_word():
 def test_read_bandwidth_is_positive_and_finite():
     bw = read_bandwidth(nbytes=4_000_000, reps=3)
     assert bw > 0 and np.isfinite(bw)
+
+
+class _Counted(torch.nn.Module):
+    """A module whose forward advances the fake clock by `cost` ticks."""
+
+    def __init__(self, clock: list, cost: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.clock, self.cost = clock, cost
+
+    def forward(self, x):
+        self.clock[0] += self.cost
+        return x
+
+
+def test_module_clock_sums_the_time_inside_the_modules_and_resets(monkeypatch):
+    """A fake wall clock that only the modules and the code between them advance: the clock reads
+    exactly the ticks spent inside the hooked modules."""
+    ticks = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: ticks[0])
+    a, b = _Counted(ticks, 3), _Counted(ticks, 5)
+    outside = _Counted(ticks, 100)  # not hooked: its ticks are outside
+
+    def model(x):
+        return b(outside(a(b(x))))
+
+    with ModuleClock([a, b]) as clock:
+        model(torch.ones(1))
+        assert clock.take() == 3 + 5 + 5
+        assert clock.take() == 0.0  # reset by the take
+        model(torch.ones(1))
+        ticks[0] += 50  # between passes: not inside
+        a(torch.ones(1))
+        assert clock.take() == 13 + 3
+    model(torch.ones(1))  # the hooks are gone after the block
+    assert clock.take() == 0.0
+    with pytest.raises(ValueError, match="at least one module"):
+        ModuleClock([])

@@ -53,11 +53,27 @@ def test_bootstrap_interval_holds_the_point_and_narrows_with_more_data():
         dedup = 0.9 + 0.05 * rng.standard_normal((P, R))
         point, lo, hi = bootstrap_saving(slot, dedup, seed=0)
         assert lo <= point <= hi
-        assert point == pytest.approx(np.median(slot) - np.median(dedup))
+        # each prompt's median over its repetitions, averaged over the prompts
+        assert point == pytest.approx(np.median(slot, axis=1).mean() - np.median(dedup, axis=1).mean())
         widths.append(hi - lo)
     # 9 against 240 samples: the interval must shrink (by about sqrt(240/9) ~ 5 for a median)
     assert widths[1] < widths[0] / 2
     assert bootstrap_saving(slot, dedup, seed=3) == bootstrap_saving(slot, dedup, seed=3)  # seeded
+
+
+def test_pass_time_averages_the_prompts_medians_where_the_pooled_median_falls_between_clusters():
+    """Two prompts whose passes form two clusters (40 and 54 ms): the pooled median of an even
+    count lies between the clusters' inner tails, set by two outliers; the pass time is the mean
+    of the two prompts' medians, whatever those tails do."""
+    from moespec.bench.verify import pass_time
+
+    low = [0.039, 0.040, 0.040, 0.041, 0.049]  # one slow outlier
+    high = [0.042, 0.054, 0.054, 0.055, 0.056]  # one fast outlier
+    samples = np.array([low, high])
+    assert pass_time(samples) == pytest.approx((0.040 + 0.054) / 2)
+    assert np.median(samples) == pytest.approx((0.042 + 0.049) / 2)  # the pooled median: 45.5 ms
+    with pytest.raises(ValueError, match="prompts, repetitions"):
+        pass_time(np.ones(3))
 
 
 def test_bootstrap_rejects_mismatched_samples():
@@ -143,6 +159,20 @@ def test_time_passes_runs_repetitions_in_rounds_over_every_n():
     assert len(timed) == 3 * 3 * 2 and all(len(out[k][str(n)]) == 3 for k in (SLOT, DEDUP) for n in (1, 2, 3))
     rounds = [timed[i:i + 6] for i in range(0, 18, 6)]
     assert all(sorted(r) == [1, 1, 2, 2, 3, 3] for r in rounds)  # each round holds every n, both kernels
+
+
+def test_time_passes_splits_each_pass_into_its_experts_time_and_the_rest():
+    """"inside" holds, per timed pass, the seconds inside the model's experts modules: positive and
+    below the pass's own time, one value per pass."""
+    from moespec.bench.verify import time_passes
+
+    model, tok = build("olmoe-tiny")
+    out = time_passes(model, tok.encode("x" * 40, add_bos=True), 16, [1, 2, 3], [SLOT, DEDUP], reps=3, warmup=1)
+    assert set(out) == {SLOT, DEDUP, "inside"}
+    for k in (SLOT, DEDUP):
+        for n in ("1", "2", "3"):
+            assert len(out["inside"][k][n]) == 3
+            assert all(0 < i < t for i, t in zip(out["inside"][k][n], out[k][n]))
 
 
 def test_time_passes_calls_between_right_after_each_timed_pass():

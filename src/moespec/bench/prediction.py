@@ -25,7 +25,7 @@ import numpy as np
 
 from moespec import artifacts
 from moespec.bench.sweep import baseline, cell_throughput, resample_throughput
-from moespec.bench.verify import DEDUP, SLOT, VerifyTimes, verified_depth
+from moespec.bench.verify import DEDUP, SLOT, VerifyTimes, pass_time, verified_depth
 from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS, Prediction, predict, window_times
 from moespec.costmodel.score import Score, score
@@ -141,25 +141,24 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
     tau = {p: {int(n): float(t) for n, t in v["tau"][ENGINE_KERNELS[p]].items()}
            for p in ("slot", "dedup") if ENGINE_KERNELS[p] in v["tau"]}
     out = {"depth": depth, "tau": tau, "tau1": float(v["tau_meas_1"]), "h": [float(_get(h, k)) for k in ks]}
-    if v.get("ops"):  # the verified windows' operation, timed between the verify passes
-        times = VerifyTimes.from_dict(v)
+    times = VerifyTimes.from_dict(v)
+    if times.ops:  # the verified windows' operation, timed between the verify passes
         out["ops"] = {p: {n: t.tolist() for n, t in times.op_times(ENGINE_KERNELS[p]).items()} for p in ("slot", "dedup")}
         out["op_layers"] = list(times.op_layers)
+    if times.inside and SLOT in times.inside and SLOT in times.samples:
         # pass by pass, for the calibrated version's time outside the operation (`_outside`)
-        out["slot_passes"] = {n: times.samples[SLOT][n] for n in times.ns} if SLOT in times.samples else {}
-        out["slot_pass_ops"] = times.ops.get(SLOT, {})
+        out["slot_outside"] = {n: times.samples[SLOT][n] - times.inside[SLOT][n] for n in times.ns}
     return out
 
 
-def _outside(base: Mapping[str, Any], source: list[int], ns: list[int]) -> dict[int, float] | None:
-    """o(n): the median over the per-slot verify passes of each pass's time minus its own expert
-    operation's, summed over the model's layers (layer l timed as `source[l]`), timed right after
-    the pass on its window; None where the base measurement lacks those times for some n or layer."""
-    passes, ops, layers = base.get("slot_passes", {}), base.get("slot_pass_ops", {}), base.get("op_layers", [])
-    if not set(source) <= set(layers) or not set(ns) <= set(passes) or not set(ns) <= set(ops):
+def _outside(base: Mapping[str, Any], ns: list[int]) -> dict[int, float] | None:
+    """o(n): over the per-slot verify passes, each pass's time minus the time it spent inside its
+    experts modules, summarized as the verify times are (`bench.verify.pass_time`); None where the
+    base measurement did not split its passes."""
+    split = base.get("slot_outside", {})
+    if not set(ns) <= set(split):
         return None
-    pick = [layers.index(c) for c in source]
-    return {n: float(np.median(passes[n] - ops[n][..., pick].sum(axis=-1))) for n in ns}
+    return {n: pass_time(split[n]) for n in ns}
 
 
 def _between_passes(base: Mapping[str, Any], source: list[int], ns: list[int]) -> dict[str, dict] | None:
@@ -222,9 +221,10 @@ def predict_from_artifacts(
     the verify passes at this depth verified: timed between those passes where the base measurement
     did, else by the characterization where it timed them, else on its recorded windows) or "calibrated" (the measured-time version, or the
     prediction where no measured times exist, plus the growth with n of the time outside the
-    expert operation from the per-slot verify passes: pass by pass where the operation was timed
-    between them, `costmodel.predict._calibrate`). Uncharacterized layers take the nearest characterized
-    layer's fit and times: all MoE layers of a model share their widths.
+    expert operation from the per-slot verify passes: pass by pass where the passes were split
+    into the time inside their experts modules and the rest, `costmodel.predict._calibrate`).
+    Uncharacterized layers take the nearest characterized layer's fit and times: all MoE layers of
+    a model share their widths.
     depth: the context depth of the verify times and h(k) (default: the smallest measured).
     Raises ValueError naming the missing input when a version cannot be computed.
     """
@@ -246,10 +246,7 @@ def predict_from_artifacts(
         ops = _operation_inputs(char, trace, ns, measured=False, depth=base["depth"])
     h = base["h"][: ns[-1]]
     calibrated = version == "calibrated"
-    # the time outside the operation pass by pass, where the measured-time version that the
-    # calibrated one builds on reads the operation timed between the passes
-    source = nearest_layers(char["layers"], trace.num_layers)
-    outside = _outside(base, source, ns) if calibrated and _between_passes(base, source, ns) else None
+    outside = _outside(base, ns) if calibrated else None  # read inside the per-slot passes
     return predict(
         t_slot=ops[0], t_dedup=ops[1], tau1=base["tau1"], h=h, eps=engine_eps(char), version=version,
         tau_slot_measured=base["tau"]["slot"] if calibrated else None, outside=outside, acceptance=acceptance,
@@ -280,10 +277,9 @@ def predict_all(characterization, traces, measurement_base, *, acceptance: Seque
                 entry["unavailable"][version] = str(e)
         if "calibrated" in entry["versions"]:
             entry["calibrated_on"] = "measured-time" if "measured-time" in entry["versions"] else "prediction"
-            between = entry["measured_time_windows"].startswith("verified, timed between")
-            entry["calibrated_growth"] = ("pass by pass: each per-slot pass minus its own operation, "
-                                          "on a line over n >= 3" if between
-                                          else "tau_slot(n) minus the measured-time version's")
+            split = "slot_outside" in base_inputs(base, d)
+            entry["calibrated_growth"] = ("pass by pass: each per-slot pass minus its time inside the experts "
+                                          "modules" if split else "tau_slot(n) minus the measured-time version's")
         depths.append(entry)
     if not depths:
         raise ValueError("the measurement has no verify times; run the base measurement first")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -130,6 +130,62 @@ def measure(
         synchronize(device)
         samples.append(time.perf_counter() - start)
     return Timing(samples=tuple(samples))
+
+
+class ModuleClock:
+    """Seconds spent inside the forwards of some modules during a larger timed call.
+
+    Used as a context manager, it hooks each module's forward; `take()` returns the seconds inside
+    them since the last `take()` (summed over modules and calls) and starts afresh. A verify pass
+    timed whole by `measure` is so split into its expert operation and the time outside it, both
+    from the same pass (`bench.verify.time_passes`). On CUDA each forward is bracketed by device
+    events, so the pass is not synchronized inside; elsewhere by the wall clock after a device
+    synchronize (a no-op on the CPU).
+    """
+
+    def __init__(self, modules: Iterable[torch.nn.Module]):
+        self.modules = list(modules)
+        if not self.modules:
+            raise ValueError("ModuleClock needs at least one module to time")
+        param = next(self.modules[0].parameters(), None)
+        self.device = param.device if param is not None else torch.device("cpu")
+        self._events = self.device.type == "cuda"
+        self._spans: list[tuple[Any, Any]] = []
+        self._open: Any = None
+        self._handles: list[Any] = []
+
+    def _now(self) -> Any:
+        if self._events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        synchronize(self.device)
+        return time.perf_counter()
+
+    def _start(self, module, args) -> None:
+        self._open = self._now()
+
+    def _stop(self, module, args, output) -> None:
+        self._spans.append((self._open, self._now()))
+
+    def __enter__(self) -> "ModuleClock":
+        for module in self.modules:
+            self._handles.append(module.register_forward_pre_hook(self._start))
+            self._handles.append(module.register_forward_hook(self._stop))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def take(self) -> float:
+        """Seconds inside the modules since the last take (0.0 if none ran); resets the count."""
+        spans, self._spans = self._spans, []
+        if self._events:
+            synchronize(self.device)
+            return sum(a.elapsed_time(b) for a, b in spans) / 1e3
+        return float(sum(b - a for a, b in spans))
 
 
 def read_bandwidth(

@@ -19,6 +19,7 @@ kernel: how far "parallel" verification is from costing one decode step.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Callable, Iterable, Sequence
@@ -26,7 +27,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from moespec.bench.timing import CacheFlusher, Timing, measure
+from moespec.bench.timing import CacheFlusher, ModuleClock, Timing, measure
 
 SLOT, DEDUP = "moespec_slot", "moespec_dedup"
 KERNELS = (SLOT, DEDUP)
@@ -99,6 +100,24 @@ def continuation_length(reps: int, n_max: int, stride: int = STRIDE) -> int:
     return stride * (reps - 1) + n_max
 
 
+def pass_time(samples: np.ndarray) -> float:
+    """A verify time from samples [P, R] (prompt x repetition), seconds: each prompt's median over
+    its repetitions, averaged over the prompts.
+
+    The prompts are windows of different text, measured one after another: their routing names
+    different numbers of distinct experts (qwen3moe-shaped: 10 against 31 at n = 8), and the machine
+    may run at another speed by the next prompt, so their passes fall in separate clusters (40 and
+    54 ms at n = 2 there). The median of the pooled passes then lands wherever the two clusters'
+    inner tails meet; it missed the average of the prompts' medians by up to 5.4 ms at 70 ms on
+    qwen3moe-shaped. The average is the one that the prediction's operation times (22) take over
+    their windows, so the two are compared like for like.
+    """
+    s = np.asarray(samples, dtype=float)
+    if s.ndim != 2 or s.size == 0:
+        raise ValueError(f"samples must be a non-empty [prompts, repetitions] array, got shape {s.shape}")
+    return float(np.median(s, axis=1).mean())
+
+
 @dataclass(frozen=True)
 class Saving:
     """S(n) = τ_slot(n) − τ_dedup(n) (eq. (6)) in seconds, with its bootstrap interval [lo, hi]."""
@@ -129,7 +148,8 @@ def bootstrap_saving(
     level: float = 0.95,
     seed: int = 0,
 ) -> tuple[float, float, float]:
-    """(point, lo, hi) of S = median(slot) − median(dedup), eq. (6), with a percentile interval.
+    """(point, lo, hi) of S = τ_slot − τ_dedup, eq. (6), each τ a `pass_time`, with a percentile
+    interval.
 
     Each resample draws P prompts with replacement, then R repetitions with replacement within
     each drawn prompt; the same (prompt, repetition) indices go to both kernels, which were timed
@@ -148,9 +168,8 @@ def bootstrap_saving(
     rng = np.random.default_rng(seed)
     pi = rng.integers(P, size=(resamples, P, 1))
     ri = rng.integers(R, size=(resamples, P, R))
-    flat = (resamples, P * R)
-    stats = np.median(slot[pi, ri].reshape(flat), axis=1) - np.median(dedup[pi, ri].reshape(flat), axis=1)
-    point = float(np.median(slot) - np.median(dedup))
+    stats = np.median(slot[pi, ri], axis=2).mean(axis=1) - np.median(dedup[pi, ri], axis=2).mean(axis=1)
+    point = pass_time(slot) - pass_time(dedup)
     alpha = (1 - level) / 2
     lo, hi = np.quantile(stats, [alpha, 1 - alpha])
     return point, float(lo), float(hi)
@@ -164,16 +183,18 @@ def _as_samples(d: dict) -> dict[int, np.ndarray]:
 class VerifyTimes:
     """Verify-pass samples at one depth d.
 
-    samples[kernel][n] holds seconds shaped [P, R] (prompt x repetition); the medians are τ_p(n).
+    samples[kernel][n] holds seconds shaped [P, R] (prompt x repetition); τ_p(n) is their `pass_time`.
     ops[kernel][n], where timed (`run_verify` with verified windows), holds the expert operation's
     seconds on each pass's own window, shaped [P, R, L] over `op_layers`, each taken right after
-    its pass.
+    its pass. inside[kernel][n], where recorded, holds the seconds each pass spent inside its experts
+    modules, summed over the layers, shaped [P, R] like the samples (`time_passes`).
     """
 
     depth: int
     samples: dict[str, dict[int, np.ndarray]]
     ops: dict[str, dict[int, np.ndarray]] | None = None
     op_layers: tuple[int, ...] = ()
+    inside: dict[str, dict[int, np.ndarray]] | None = None
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -184,8 +205,8 @@ class VerifyTimes:
         return tuple(sorted(next(iter(self.samples.values()))))
 
     def tau(self, kernel: str) -> dict[int, float]:
-        """τ_p(n): the median over prompts and repetitions, seconds."""
-        return {n: float(np.median(s)) for n, s in sorted(self.samples[kernel].items())}
+        """τ_p(n): each prompt's median over repetitions, averaged over prompts (`pass_time`), seconds."""
+        return {n: pass_time(s) for n, s in sorted(self.samples[kernel].items())}
 
     @property
     def tau_meas_1(self) -> float:
@@ -224,13 +245,16 @@ class VerifyTimes:
             **({"op_layers": list(self.op_layers),
                 "ops": {p: {str(n): s.tolist() for n, s in sorted(ns.items())} for p, ns in self.ops.items()}}
                if self.ops else {}),
+            **({"inside": {p: {str(n): s.tolist() for n, s in sorted(ns.items())} for p, ns in self.inside.items()}}
+               if self.inside else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "VerifyTimes":
         ops = {p: _as_samples(v) for p, v in d["ops"].items()} if d.get("ops") else None
+        inside = {p: _as_samples(v) for p, v in d["inside"].items()} if d.get("inside") else None
         return cls(depth=int(d["depth"]), samples={p: _as_samples(v) for p, v in d["samples"].items()}, ops=ops,
-                   op_layers=tuple(int(l) for l in d.get("op_layers", ())))
+                   op_layers=tuple(int(l) for l in d.get("op_layers", ())), inside=inside)
 
 
 @dataclass(frozen=True)
@@ -244,8 +268,8 @@ class ScalingCurve:
     @property
     def ratio(self) -> dict[int, float]:
         """τ(n)/τ(1): an n-token pass over a 1-token pass (engine paper, Sec. 6.5)."""
-        t1 = float(np.median(self.samples[1]))
-        return {n: float(np.median(s)) / t1 for n, s in sorted(self.samples.items())}
+        t1 = pass_time(self.samples[1])
+        return {n: pass_time(s) / t1 for n, s in sorted(self.samples.items())}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -289,8 +313,13 @@ def time_passes(
     dropped) with the pass's n, kernel and window start s - depth; what it returns is kept under
     "ops" as {kernel: {str(n): [R] results}}. `run_verify` times the expert operation on the pass's
     own window there, so that operation and pass share the machine's moment.
+
+    "inside" ({kernel: {str(n): [R]}}, where the model has experts modules): the seconds each timed
+    pass spent inside its experts modules, summed over the layers (`ModuleClock`), so the pass's
+    time outside the expert operation is its time minus these, read from the pass itself.
     """
     from moespec.engine.cached import CachedModel
+    from moespec.moe.experts import find_experts
 
     ns = sorted(set(int(n) for n in ns))
     if not ns or ns[0] < 1:
@@ -320,28 +349,36 @@ def time_passes(
     names = [str(k) for k in kernels]
     out: dict[str, dict[str, list[float]]] = {name: {str(n): [] for n in ns} for name in names}
     ops: dict[str, dict[str, list]] = {name: {str(n): [] for n in ns} for name in names}
-    for n in ns:
-        tokens = ids[depth : depth + n]
-        for kernel, name in zip(kernels, names):
-            switch(kernel)
-            measure(lambda: cached.extend(tokens), reps=1, warmup=warmup, flush=cut_back)
-            if between is not None and warmup:
-                between(n, name, 0)
-    for rep in range(reps):  # rounds over every n, in an order that rotates by one each round
-        cached.truncate(base)
-        base = depth + stride * rep
-        if cached.length < base:  # untimed: the continuation before this round's window
-            cached.extend(ids[cached.length : base])
-        for n in ns[rep % len(ns):] + ns[: rep % len(ns)]:
-            tokens = ids[base : base + n]
+    inside: dict[str, dict[str, list[float]]] = {name: {str(n): [] for n in ns} for name in names}
+    experts = find_experts(model)
+    clock = ModuleClock(experts) if experts else None
+    with clock if clock is not None else contextlib.nullcontext():
+        for n in ns:
+            tokens = ids[depth : depth + n]
             for kernel, name in zip(kernels, names):
                 switch(kernel)
-                t: Timing = measure(lambda: cached.extend(tokens), reps=1, warmup=0, flush=cut_back)
-                out[name][str(n)].append(t.samples[0])
-                if between is not None:
-                    ops[name][str(n)].append(between(n, name, base - depth))
+                measure(lambda: cached.extend(tokens), reps=1, warmup=warmup, flush=cut_back)
+                if between is not None and warmup:
+                    between(n, name, 0)
+        for rep in range(reps):  # rounds over every n, in an order that rotates by one each round
+            cached.truncate(base)
+            base = depth + stride * rep
+            if cached.length < base:  # untimed: the continuation before this round's window
+                cached.extend(ids[cached.length : base])
+            for n in ns[rep % len(ns):] + ns[: rep % len(ns)]:
+                tokens = ids[base : base + n]
+                for kernel, name in zip(kernels, names):
+                    switch(kernel)
+                    if clock is not None:
+                        clock.take()  # drop what ran since the last timed pass
+                    t: Timing = measure(lambda: cached.extend(tokens), reps=1, warmup=0, flush=cut_back)
+                    out[name][str(n)].append(t.samples[0])
+                    if clock is not None:
+                        inside[name][str(n)].append(clock.take())
+                    if between is not None:
+                        ops[name][str(n)].append(between(n, name, base - depth))
     cached.truncate(depth)
-    return {**out, "ops": ops} if between is not None else out
+    return {**out, **({"ops": ops} if between is not None else {}), **({"inside": inside} if clock is not None else {})}
 
 
 def verified_routing(model, tokenizer, *, depths: Sequence[int] = (512,), prompts: int = PROMPT_COUNT,
@@ -470,7 +507,10 @@ def run_verify(
         }
         ops = ({str(p): {n: np.array([pp["ops"][str(p)][str(n)] for pp in per_prompt]) for n in ns} for p in kernels}
                if op_layers else None)
-        out.append(VerifyTimes(depth=depth, samples=samples, ops=ops, op_layers=tuple(op_layers)))
+        # a point read back from a log written before the passes were split has no "inside"
+        inside = ({str(p): {n: np.array([pp["inside"][str(p)][str(n)] for pp in per_prompt]) for n in ns}
+                   for p in kernels} if all("inside" in pp for pp in per_prompt) else None)
+        out.append(VerifyTimes(depth=depth, samples=samples, ops=ops, op_layers=tuple(op_layers), inside=inside))
     return out
 
 

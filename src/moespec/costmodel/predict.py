@@ -90,18 +90,17 @@ def _operation_times(t_slot: Mapping[Any, Any], t_dedup: Mapping[Any, Any]) -> d
 def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Mapping[Any, float],
                outside: Mapping[Any, float] | None = None) -> dict:
     """The calibrated version: add g(n), the growth with n of the time outside the expert operation
-    (attention, dense layers), to both kernels' (22). It cancels in the saving and stays in the
-    verify time.
+    (attention, dense layers, logits), to both kernels' (22). It cancels in the saving and stays in
+    the verify time.
 
-    With `outside` ({n: o(n)}, the median over verify passes with deduplication off of each pass's
-    time minus its own expert operation's, timed right after it on its window: `bench.verify.run_verify`),
-    g(n) = ô(n) − o(1), where ô is o with n = 3..n_max on its least-squares line (`outside_line`).
-    A pass and its operation share the machine's moment: on the demo's presets their times correlate
-    at 0.65-0.89, and the difference varies about half as much as the pass (BENCHMARKS.md, "The time
-    outside the operation, pass by pass"). The paper leaves the estimator open; the line is ours:
-    attention's queries, the dense layers' rows and the logits grow with the pass's tokens, the
-    smallest passes (n = 1, 2) in a regime of their own, and what o(n) shows beyond a line is one
-    pass size's noise (BENCHMARKS.md, "The time outside the operation on a line"). Without `outside`,
+    With `outside` ({n: o(n)}: over the verify passes with deduplication off, each pass's time
+    minus the time it spent inside its experts modules (`bench.verify.time_passes`), summarized as
+    the verify times are),
+    g(n) = o(n) − o(1), taken as it is. Both parts come from the same pass, so o(n) carries neither
+    the per-slot operation's variation nor a second timing's, and its medians hold the steps that
+    the dense layers' BLAS calls make with the pass's rows (qwen3moe-shaped: o(8) 5-6 ms below o(7)
+    and o(9); the deduplicated passes' own o(n) matches it within 1 ms at every n; BENCHMARKS.md, "The
+    time outside the operation, read inside the pass"). Without `outside`,
     g(n) = τ_slot(n) measured − τ̂_slot(n), the difference of two medians, which also carries the
     fits' error, taken as it is.
     """
@@ -110,7 +109,7 @@ def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Ma
         missing = [n for n in ns if n not in o]
         if missing:
             raise ValueError(f"outside lacks n = {missing}; give o(n) at every n = 1..{ns[-1]}")
-        g = [float(f - o[1]) for f in outside_line([o[n] for n in ns])]
+        g = [o[n] - o[1] for n in ns]
     else:
         measured = {int(n): float(t) for n, t in tau_slot_measured.items()}
         missing = [n for n in ns if n not in measured]
@@ -119,26 +118,6 @@ def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Ma
                              f"n = 1..{ns[-1]}")
         g = [measured[n] - tau["slot"][i] for i, n in enumerate(ns)]
     return {p: [t + gi for t, gi in zip(tau[p], g)] for p in tau}
-
-
-def outside_line(o: Sequence[float]) -> np.ndarray:
-    """o(n), n = 1..n_max, with n >= 3 replaced by its least-squares line, the slope at least 0.
-
-    n = 1 and 2 keep their values: a one-token pass runs matrix-vector products, and on the demo's
-    presets o(2) sits 3-19 ms above o(1) and, on olmoe- and qwen3moe-shaped, 2-12 ms below where the
-    line through the larger passes puts it, while o(3..9) lie on that line up to each size's noise
-    (1-6 ms; BENCHMARKS.md, "The time outside the operation on a line"). A fitted slope below 0 is
-    noise, since a pass with more tokens does no less outside the operation: the line is then flat
-    at the mean.
-    o: [P] seconds; returns [P] (o itself when n_max <= 3: no more than a line to fit).
-    """
-    o = np.asarray(o, dtype=float)
-    if o.size <= 3:
-        return o.copy()
-    n = np.arange(3, o.size + 1, dtype=float)
-    slope, intercept = np.polyfit(n, o[2:], 1)
-    line = intercept + slope * n if slope >= 0 else np.full(n.size, o[2:].mean())
-    return np.concatenate([o[:2], line])
 
 
 def crossover(n: Sequence[int], S: Sequence[float]) -> int | None:
@@ -276,7 +255,8 @@ def predict(
     tau_slot_measured: {n: τ_slot(n)} measured verify times with deduplication off, n = 1..n_max;
         required by, and only by, the calibrated version.
     outside: {n: o(n)}, n = 1..n_max, the calibrated version's time outside the expert operation,
-        pass by pass (`_calibrate`); where given, g(n) comes from it instead of tau_slot_measured.
+        read inside the per-slot passes (`_calibrate`); where given, g(n) comes from it instead of
+        tau_slot_measured.
     delta: δ of (20)–(21); default ε/(1−ε) from (C.7).
     """
     if version not in VERSIONS:
