@@ -95,12 +95,11 @@ def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Ma
 
     With `outside` ({n: o(n)}: over the verify passes with deduplication off, each pass's time
     minus the time it spent inside its experts modules (`bench.verify.time_passes`), summarized as
-    the verify times are),
-    g(n) = o(n) − o(1), taken as it is. Both parts come from the same pass, so o(n) carries neither
-    the per-slot operation's variation nor a second timing's, and its medians hold the steps that
-    the dense layers' BLAS calls make with the pass's rows (qwen3moe-shaped: o(8) 5-6 ms below o(7)
-    and o(9); the deduplicated passes' own o(n) matches it within 1 ms at every n; BENCHMARKS.md, "The
-    time outside the operation, read inside the pass"). Without `outside`,
+    the verify times are), g(n) = o(n) − o(1), taken as it is. Both parts come from the same pass,
+    so o(n) carries neither the per-slot operation's variation nor a second timing's, and it holds
+    the steps that the dense layers' BLAS calls make with the pass's rows (qwen3moe-shaped: o(8)
+    5-7 ms below o(7) and o(9); the deduplicated passes' own o(n) matches it within 2 ms at every
+    n; BENCHMARKS.md, "The time outside the operation, read inside the pass"). Without `outside`,
     g(n) = τ_slot(n) measured − τ̂_slot(n), the difference of two medians, which also carries the
     fits' error, taken as it is.
     """
