@@ -103,6 +103,11 @@ def test_verify_times_structure_and_invariants(tiny, tmp_path):
     assert all(s.lo <= s.point <= s.hi for s in savings)
     back = VerifyTimes.from_dict(vt.to_dict())
     assert back.tau(DEDUP) == vt.tau(DEDUP) and len(log) == 2
+    # every pass split into its time inside the experts modules, kept through the artifact
+    for p in vt.kernels:
+        for n, inside in vt.inside[p].items():
+            assert inside.shape == (2, 2) and np.all(inside < vt.samples[p][n])
+            assert np.array_equal(back.inside[p][n], inside)
 
 
 def test_verify_resumes_without_remeasuring(tiny, tmp_path):
