@@ -74,8 +74,9 @@ def main() -> None:
     for r in rows:
         s, d = r[SLOT], r[DEDUP]
         table.add_row(str(r["n"]), f"{s['pass_ms']:.1f}", f"{s['inside_ms']:.1f}",
-                      f"{s['outside_ms']:.1f} ± {s['outside_sd_ms']:.1f}", f"{d['pass_ms']:.1f}", f"{d['inside_ms']:.1f}",
-                      f"{d['outside_ms']:.1f} ± {d['outside_sd_ms']:.1f}", f"{d['outside_ms'] - s['outside_ms']:+.1f}")
+                      f"{s['outside_ms']:.1f} ± {s['outside_sd_ms']:.1f}", f"{d['pass_ms']:.1f}",
+                      f"{d['inside_ms']:.1f}", f"{d['outside_ms']:.1f} ± {d['outside_sd_ms']:.1f}",
+                      f"{d['outside_ms'] - s['outside_ms']:+.1f}")
     Console().print(table)
     print(f"wrote {args.out}")
 

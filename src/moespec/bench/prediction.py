@@ -143,7 +143,8 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
     out = {"depth": depth, "tau": tau, "tau1": float(v["tau_meas_1"]), "h": [float(_get(h, k)) for k in ks]}
     times = VerifyTimes.from_dict(v)
     if times.ops:  # the verified windows' operation, timed between the verify passes
-        out["ops"] = {p: {n: t.tolist() for n, t in times.op_times(ENGINE_KERNELS[p]).items()} for p in ("slot", "dedup")}
+        out["ops"] = {p: {n: t.tolist() for n, t in times.op_times(ENGINE_KERNELS[p]).items()}
+                      for p in ("slot", "dedup")}
         out["op_layers"] = list(times.op_layers)
     if times.inside and SLOT in times.inside and SLOT in times.samples:
         # pass by pass, for the calibrated version's time outside the operation (`_outside`)
@@ -217,12 +218,13 @@ def predict_from_artifacts(
     """One version of the prediction (22) from the chain's artifacts (Sec. 4).
 
     version: "prediction" (each characterized layer's fit at the union bytes of every recorded
-    window, eq. (4)/(E.1)), "measured-time" (each layer's measured operation time on the windows
-    the verify passes at this depth verified: timed between those passes where the base measurement
-    did, else by the characterization where it timed them, else on its recorded windows) or "calibrated" (the measured-time version, or the
-    prediction where no measured times exist, plus the growth with n of the time outside the
-    expert operation from the per-slot verify passes: pass by pass where the passes were split
-    into the time inside their experts modules and the rest, `costmodel.predict._calibrate`).
+    window, eq. (4)/(E.1)), "measured-time" (each layer's measured operation time on the windows the
+    verify passes at this depth verified: timed between those passes where the base measurement did,
+    else by the characterization where it timed them, else on its recorded windows) or "calibrated"
+    (the measured-time version, or the prediction where no measured times exist, plus the growth
+    with n of the time outside the expert operation from the per-slot verify passes: pass by pass
+    where the passes were split into the time inside their experts modules and the rest,
+    `costmodel.predict._calibrate`).
     Uncharacterized layers take the nearest characterized layer's fit and times: all MoE layers of
     a model share their widths.
     depth: the context depth of the verify times and h(k) (default: the smallest measured).
