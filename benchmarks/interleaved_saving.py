@@ -26,9 +26,9 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec import artifacts
-from moespec.bench.verify import (
-    DEDUP, KERNELS, SLOT, default_flusher, operation_timer, prompt_ids, time_passes, verified_routing,
-)
+from moespec.bench.prompts import prompt_ids
+from moespec.bench.verify import default_flusher, operation_timer, time_passes, verified_routing
+from moespec.kernel_names import DEDUP, SLOT, ENGINE_KERNELS as KERNELS
 from moespec.models.load import load
 
 DEPTH, NS, PROMPTS = 512, tuple(range(1, 10)), 2

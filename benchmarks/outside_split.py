@@ -25,7 +25,9 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec import artifacts
-from moespec.bench.verify import DEDUP, KERNELS, SLOT, default_flusher, time_passes, verified_texts
+from moespec.bench.prompts import verified_texts
+from moespec.bench.verify import default_flusher, time_passes
+from moespec.kernel_names import DEDUP, SLOT, ENGINE_KERNELS as KERNELS
 from moespec.models.load import load
 
 NS = tuple(range(1, 10))

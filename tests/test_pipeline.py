@@ -97,7 +97,7 @@ def test_full_is_the_papers_protocol():
     """`--full` (issue 6): 6 prompts, 256 tokens, k = 0..8, 11 acceptance values from 0.2 to 0.98, both
     depths, both kernels swept; its base phase still runs no scored cell."""
     from moespec.bench.measure import MeasureConfig
-    from moespec.bench.verify import KERNELS
+    from moespec.kernel_names import ENGINE_KERNELS as KERNELS
     from moespec.pipeline import H_PROBE_ACCEPTANCE, _measure_config, _phase_knobs
 
     cfg = DemoConfig.full_protocol()
@@ -115,7 +115,7 @@ def test_a_run_shaped_like_full_scores_and_reports_every_depth_and_kernel(tmp_pa
     swept; each depth is predicted, scored and drawn."""
     import re
 
-    from moespec.bench.verify import KERNELS
+    from moespec.kernel_names import ENGINE_KERNELS as KERNELS
     from moespec.costmodel.predict import VERSIONS
 
     smoke = DemoConfig.smoke()

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 SCHEMA_VERSION = 1
 
@@ -136,3 +136,20 @@ class PointLog:
 
     def items(self) -> Iterator[tuple[str, Any]]:
         return iter(self._points.items())
+
+
+OnPoint = Callable[[dict, bool], None]  # (key, resumed) after each point, measured or read back
+
+
+def logged_point(log: PointLog | None, key: dict, compute: Callable[[], Any], on_point: OnPoint | None) -> Any:
+    """The value of point `key`: from the log when there, else computed and appended at once."""
+    resumed = log is not None and log.has(key)
+    if resumed:
+        value = log.get(key)
+    else:
+        value = compute()
+        if log is not None:
+            log.append(key, value)
+    if on_point is not None:
+        on_point(key, resumed)
+    return value

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from moespec import artifacts
 from moespec.bench.prediction import KIND as PREDICT_KIND
 from moespec.bench.prediction import SCORE_KIND, predict_all, score_all
-from moespec.bench.verify import DEDUP
+from moespec.kernel_names import DEDUP
 
 TRACES = "traces.parquet"
 VERIFIED = "verified.parquet"
@@ -281,8 +281,8 @@ def _measure_config(config: DemoConfig):
 
 
 def _verified_length(config: DemoConfig) -> int:
-    """Tokens of each prompt's continuation that the verify passes read (`verify.continuation_length`)."""
-    from moespec.bench.verify import continuation_length
+    """Tokens of each prompt's continuation that the verify passes read (`prompts.continuation_length`)."""
+    from moespec.bench.prompts import continuation_length
 
     m = _measure_config(config)
     return continuation_length(m.reps, max(m.ns), m.stride)

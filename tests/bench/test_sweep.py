@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from moespec.artifacts import PointLog
-from moespec.bench.sweep import (PrefilledTarget, SweepCell, baseline, oracle_points, resample_throughput, run_draft,
-                                 run_oracle, step_time)
-from moespec.bench.verify import DEDUP, KERNELS
+from moespec.bench.prefilled import PrefilledTarget
+from moespec.bench.prompts import prompt_ids
+from moespec.bench.sweep import oracle_points, run_draft, run_oracle
+from moespec.bench.sweep_cells import SweepCell, baseline, resample_throughput, step_time
+from moespec.kernel_names import DEDUP, ENGINE_KERNELS as KERNELS
 from moespec.engine.cached import CachedModel
 from moespec.engine.decode import generate
 from moespec.engine.proposers import OracleDraft, PromptLookup
@@ -240,7 +242,7 @@ def test_each_repetition_starts_its_runs_further_into_the_greedy_text(tiny, monk
     monkeypatch.setattr(sweep, "generate", recording)
     run_oracle(model, tok, depths=(16,), ks=(0, 3), acceptances=(0.7,), kernels=(DEDUP,), prompts=1, reps=3,
                new_tokens=5, steps=2, start_stride=4)
-    prompt = sweep.prompt_ids(tok, 16, 1)[0]
+    prompt = prompt_ids(tok, 16, 1)[0]
     greedy = generate(CachedModel(model), prompt, k=0, max_new_tokens=40, prefill_last=False).tokens
     text = prompt + list(greedy)
     starts = sorted({len(p) - 16 for p, _ in calls})  # the sweep's runs and its untimed greedy decoding

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from moespec.artifacts import PointLog
-from moespec.bench.verify import (
-    DEDUP, SLOT, ScalingCurve, VerifyTimes, bootstrap_saving, prompt_ids, prompt_texts, run_scaling, run_verify,
-)
+from moespec.bench.prompts import prompt_ids, prompt_texts
+from moespec.bench.verify import run_scaling, run_verify
+from moespec.bench.verify_times import ScalingCurve, VerifyTimes, bootstrap_saving
+from moespec.kernel_names import DEDUP, SLOT
 from moespec.models.synthetic import build
 from moespec.models.tokenizer import ByteTokenizer
 from moespec.moe import registry
@@ -65,7 +66,7 @@ def test_pass_time_averages_the_prompts_medians_where_the_pooled_median_falls_be
     """Two prompts whose passes form two clusters (40 and 54 ms): the pooled median of an even
     count lies between the clusters' inner tails, set by two outliers; the pass time is the mean
     of the two prompts' medians, whatever those tails do."""
-    from moespec.bench.verify import pass_time
+    from moespec.bench.verify_times import pass_time
 
     low = [0.039, 0.040, 0.040, 0.041, 0.049]  # one slow outlier
     high = [0.042, 0.054, 0.054, 0.055, 0.056]  # one fast outlier
@@ -235,7 +236,7 @@ def test_verified_text_is_the_targets_greedy_continuation(tiny):
     """Teacher-forced once, the model's argmax after each prefix is the next continuation token."""
     import torch
 
-    from moespec.bench.verify import verified_texts
+    from moespec.bench.prompts import verified_texts
 
     model, tok = tiny
     (text,) = verified_texts(model, tok, 16, 1, 6)
@@ -246,7 +247,8 @@ def test_verified_text_is_the_targets_greedy_continuation(tiny):
 
 
 def test_verify_times_the_operation_on_each_passs_own_window(tiny, tmp_path):
-    from moespec.bench.verify import continuation_length, verified_routing
+    from moespec.bench.prompts import continuation_length
+    from moespec.bench.verify import verified_routing
 
     model, tok = tiny
     with pytest.raises(ValueError, match=r"shorter than the 8 tokens.*verified_routing\(length=8\)"):

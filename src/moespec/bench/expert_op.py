@@ -29,15 +29,13 @@ import torch
 from moespec.artifacts import PointLog
 from moespec.bench.timing import Timing, measure
 from moespec.moe import kernels
+from moespec.kernel_names import COST_DEDUP, COST_SLOT, REQUESTED_BYTES
 from moespec.moe.experts import expert_bytes, find_experts
 
 # T = n tokens of a pass, m = experts per token, H = hidden size, N = experts of the layer
 PLACEMENTS = ("same", "shuffled")
-MOESPEC_KERNELS = {"slot": kernels.per_slot, "dedup": kernels.dedup}
+MOESPEC_KERNELS = {COST_SLOT: kernels.per_slot, COST_DEDUP: kernels.dedup}
 TRANSFORMERS_KERNELS = ("eager", "grouped_mm", "batched_mm")
-# The bytes each kernel requests: "slot" = nmb (one read per slot), "dedup" = Ub (the union).
-# transformers' eager and grouped_mm run each hit expert once; batched_mm gathers one copy per slot.
-REQUESTED_BYTES = {"slot": "slot", "dedup": "dedup", "eager": "dedup", "grouped_mm": "dedup", "batched_mm": "slot"}
 
 
 def kernel_fn(name: str, experts: torch.nn.Module) -> Callable:

@@ -22,7 +22,10 @@ from typing import Any, Callable
 
 from moespec import artifacts
 from moespec.bench import sweep, verify
+from moespec.bench.prompts import PROMPT_COUNT, STRIDE
+from moespec.bench.verify_times import ScalingCurve
 from moespec.costmodel.predict import ACCEPTANCE_GRID
+from moespec.kernel_names import DEDUP, ENGINE_KERNELS
 
 
 @dataclass(frozen=True)
@@ -31,15 +34,15 @@ class MeasureConfig:
 
     depths: tuple[int, ...] = (512,)
     ns: tuple[int, ...] = tuple(range(1, 10))
-    kernels: tuple[str, ...] = verify.KERNELS
+    kernels: tuple[str, ...] = ENGINE_KERNELS
     prompts: int = 1
     reps: int = 3
     flush: bool = True
     scaling_ns: tuple[int, ...] = tuple(range(1, 17))
-    scaling_kernel: str = verify.DEDUP
+    scaling_kernel: str = DEDUP
     ks: tuple[int, ...] = tuple(range(0, 9))
     acceptances: tuple[float, ...] = ACCEPTANCE_GRID
-    oracle_kernels: tuple[str, ...] = (verify.DEDUP,)
+    oracle_kernels: tuple[str, ...] = (DEDUP,)
     oracle_reps: int = 1
     new_tokens: int = 12
     oracle_steps: int | None = None  # each oracle run takes exactly this many rounds instead of new_tokens
@@ -50,7 +53,7 @@ class MeasureConfig:
     # pass (`verify.run_verify`); needs the verified windows (`measure(verified=...)`)
     op_layers: tuple[int, ...] = ()
     # tokens of greedy continuation between the windows of two verify repetitions (`verify.time_passes`)
-    stride: int = verify.STRIDE
+    stride: int = STRIDE
     temperature: float = 0.8
     seed: int = 0
 
@@ -58,8 +61,8 @@ class MeasureConfig:
         for name in ("depths", "ns", "kernels", "scaling_ns", "ks", "acceptances", "oracle_kernels", "draft_ks",
                      "op_layers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        if not 1 <= self.prompts <= verify.PROMPT_COUNT:
-            raise ValueError(f"prompts must be 1..{verify.PROMPT_COUNT}, got {self.prompts}")
+        if not 1 <= self.prompts <= PROMPT_COUNT:
+            raise ValueError(f"prompts must be 1..{PROMPT_COUNT}, got {self.prompts}")
         if min(self.reps, self.oracle_reps, self.new_tokens) < 1:
             raise ValueError(
                 f"reps, oracle_reps and new_tokens must be >= 1, got {self.reps}, {self.oracle_reps}, {self.new_tokens}"
@@ -88,7 +91,7 @@ class MeasureConfig:
 
     @classmethod
     def full(cls, **overrides) -> "MeasureConfig":
-        paper = dict(depths=(512, 4096), prompts=6, reps=5, new_tokens=256, oracle_kernels=verify.KERNELS)
+        paper = dict(depths=(512, 4096), prompts=6, reps=5, new_tokens=256, oracle_kernels=ENGINE_KERNELS)
         return cls(**{**paper, **overrides})
 
     @classmethod
@@ -201,7 +204,7 @@ def measure(
                                          **common)
         if cfg.scaling_from_verify:
             first = verify_times[0].samples[cfg.scaling_kernel]
-            curve = verify.ScalingCurve(cfg.depths[0], cfg.scaling_kernel,
+            curve = ScalingCurve(cfg.depths[0], cfg.scaling_kernel,
                                         {n: first[n] for n in sorted(set(cfg.scaling_ns) | {1})})
         elif cfg.scaling_ns:
             curve = verify.run_scaling(model, tokenizer, depth=cfg.depths[0], ns=cfg.scaling_ns,

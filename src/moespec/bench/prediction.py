@@ -24,11 +24,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from moespec import artifacts
-from moespec.bench.sweep import baseline, cell_throughput, resample_throughput
-from moespec.bench.verify import DEDUP, SLOT, VerifyTimes, pass_time, verified_depth
+from moespec.bench.prompts import verified_depth
+from moespec.bench.sweep_cells import baseline, cell_throughput, resample_throughput
+from moespec.bench.verify_times import VerifyTimes, pass_time
 from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS, Prediction, predict, window_times
 from moespec.costmodel.score import Score, score
+from moespec.kernel_names import DEDUP, SLOT, TO_ENGINE
 from moespec.moe.traces import RoutingTrace
 
 KIND = "predict"
@@ -37,7 +39,6 @@ KIND = "predict"
 # the band (18). The payload says so ("bounds_vacuous").
 EPS_VACUOUS = 0.5
 SCORE_KIND = "score"
-ENGINE_KERNELS = {"slot": SLOT, "dedup": DEDUP}  # costmodel name -> experts implementation name
 
 
 def payload_of(source: str | Path | Mapping[str, Any], kind: str) -> dict[str, Any]:
@@ -138,12 +139,12 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
     if ks != list(range(len(ks))):
         raise ValueError(f"h(k) at depth {depth} has k = {ks}; give every k = 0..kmax")
     v = verify[depth]
-    tau = {p: {int(n): float(t) for n, t in v["tau"][ENGINE_KERNELS[p]].items()}
-           for p in ("slot", "dedup") if ENGINE_KERNELS[p] in v["tau"]}
+    tau = {p: {int(n): float(t) for n, t in v["tau"][TO_ENGINE[p]].items()}
+           for p in ("slot", "dedup") if TO_ENGINE[p] in v["tau"]}
     out = {"depth": depth, "tau": tau, "tau1": float(v["tau_meas_1"]), "h": [float(_get(h, k)) for k in ks]}
     times = VerifyTimes.from_dict(v)
     if times.ops:  # the verified windows' operation, timed between the verify passes
-        out["ops"] = {p: {n: t.tolist() for n, t in times.op_times(ENGINE_KERNELS[p]).items()}
+        out["ops"] = {p: {n: t.tolist() for n, t in times.op_times(TO_ENGINE[p]).items()}
                       for p in ("slot", "dedup")}
         out["op_layers"] = list(times.op_layers)
     if times.inside and SLOT in times.inside and SLOT in times.samples:
@@ -154,7 +155,7 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
 
 def _outside(base: Mapping[str, Any], ns: list[int]) -> dict[int, float] | None:
     """o(n): over the per-slot verify passes, each pass's time minus the time it spent inside its
-    experts modules, summarized as the verify times are (`bench.verify.pass_time`); None where the
+    experts modules, summarized as the verify times are (`bench.verify_times.pass_time`); None where the
     base measurement did not split its passes."""
     split = base.get("slot_outside", {})
     if not set(ns) <= set(split):
@@ -305,7 +306,7 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
 
     kernel: the scored kernel ("dedup" or "slot"); its sweep gives the throughput T(k, a) on the
     prediction's acceptance grid, at k = 0 plain decoding's pooled over every acceptance
-    (`bench.sweep.baseline`), and the measured step times V(k).
+    (`bench.sweep_cells.baseline`), and the measured step times V(k).
     resamples: bootstrap resamples of the sweep's runs for the intervals of the scored figures
     (`costmodel.score.sweep_intervals`); 0, or a sweep that keeps no per-run steps, scores without.
     """
@@ -317,7 +318,7 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
     if depth not in verify:
         raise ValueError(f"the measurement has no verify times at depth {depth}; it has {sorted(verify)}")
     v = verify[depth]
-    entry = _oracle_entry(meas, ENGINE_KERNELS[kernel], depth)
+    entry = _oracle_entry(meas, TO_ENGINE[kernel], depth)
     ks = list(range(prediction.kmax + 1))
     cells = {(int(c["k"]), None if c["a"] is None else round(float(c["a"]), 6)): c for c in entry["cells"]}
     grid = []

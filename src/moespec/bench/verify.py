@@ -1,5 +1,6 @@
-"""Verify time τ_p(n) of whole-model passes, the saving S(n) with its bootstrap interval, and the
-verify-batch scaling curve.
+"""Timing verify passes: τ_p(n) of whole-model passes (cost-model paper, eq. (5)), the expert
+operation timed between them, and the verify-batch scaling curve. Their statistics live in
+`verify_times`.
 
 τ_p(n) is the time of one forward pass of n tokens with kernel p while the KV cache holds a prompt
 of depth d (cost-model paper, eq. (5); Sec. 4 and App. D). Each prompt is prefilled once per depth;
@@ -9,9 +10,8 @@ the text a speculative step verifies (the oracle sweep's drafts are those very t
 repetition r verifies the window starting `stride`·r tokens into it, over a cache holding the
 prompt and the continuation before the window: the passes, the operation timed between them and
 the sweep then verify the same text (Sec. 4: "the recorded routing of the verified continuations").
-Kernels alternate call by call and repetitions run in rounds over every n, so slow drift of the machine falls on all points alike. The saving
-S(n) = τ_slot(n) − τ_dedup(n) (eq. (6)) gets a 95% bootstrap interval that resamples prompts, then
-repetitions within each prompt, pairing the two kernels' samples of the same (prompt, repetition).
+Kernels alternate call by call and repetitions run in rounds over every n, so slow drift of the
+machine falls on all points alike.
 
 The verify-batch scaling curve (engine paper, Sec. 6.5 and 7) is τ(n)/τ(1) for n = 1..16 with one
 kernel: how far "parallel" verification is from costing one decode step.
@@ -20,270 +20,19 @@ kernel: how far "parallel" verification is from costing one decode step.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
+from moespec.artifacts import OnPoint, logged_point
+from moespec.bench.prefilled import avoid_slot_prefill
+from moespec.bench.prompts import (
+    PREFILL_CHUNK, PROMPT_COUNT, STRIDE, continuation_length, prompt_ids, verified_texts,
+)
 from moespec.bench.timing import CacheFlusher, ModuleClock, Timing, measure
-
-SLOT, DEDUP = "moespec_slot", "moespec_dedup"
-KERNELS = (SLOT, DEDUP)
-PROMPT_COUNT = 6
-PROMPT_SEPARATOR = "\n\n"
-PREFILL_CHUNK = 512
-STRIDE = 3  # tokens between the windows of two repetitions of a verify pass (`run_verify`)
-
-
-def prompt_texts(count: int = PROMPT_COUNT) -> list[str]:
-    """The texts of the first `count` built-in prompts (moespec/data/prompts/p1.txt ...)."""
-    if not 1 <= count <= PROMPT_COUNT:
-        raise ValueError(f"count must be 1..{PROMPT_COUNT} (the built-in prompts), got {count}")
-    folder = resources.files("moespec") / "data" / "prompts"
-    return [(folder / f"p{i}.txt").read_text(encoding="utf-8") for i in range(1, count + 1)]
-
-
-def prompt_ids(tokenizer, length: int, count: int = PROMPT_COUNT) -> list[list[int]]:
-    """`count` token-id prompts of exactly `length` tokens each.
-
-    Prompt i is p_i, followed (when p_i alone is shorter than `length` tokens, as with a subword
-    tokenizer at depth 4096) by p_{i+1}, p_{i+2}, ... cyclically, joined by a blank line, then cut
-    to `length`. With the synthetic presets' byte tokenizer one byte is one token, and each prompt
-    of >= 5000 bytes covers depth 4096 plus a pass of 16 on its own.
-    """
-    if length < 1:
-        raise ValueError(f"length must be >= 1 token, got {length}")
-    texts = prompt_texts(PROMPT_COUNT)
-    if not 1 <= count <= len(texts):
-        raise ValueError(f"count must be 1..{len(texts)} (the built-in prompts), got {count}")
-    pieces = [tokenizer.encode(t + PROMPT_SEPARATOR) for t in texts]
-    if not any(pieces):
-        raise ValueError(f"the tokenizer {tokenizer!r} gives no tokens for the built-in prompts")
-    out = []
-    for i in range(count):
-        ids: list[int] = []
-        j = i
-        while len(ids) < length:
-            ids.extend(pieces[j % len(pieces)])
-            j += 1
-        out.append(ids[:length])
-    return out
-
-
-def greedy_continuation(model, prompt: Sequence[int], length: int, vocab_limit: int | None = None) -> list[int]:
-    """The target's first `length` greedy tokens after `prompt` (untimed): the text a speculative
-    step verifies (the oracle draft proposes it, marking some drafts wrong), and the oracle's reference."""
-    from moespec.engine.decode import generate
-
-    if length < 1:
-        raise ValueError(f"length must be >= 1 token, got {length}")
-    avoid_slot_prefill(model)
-    return list(generate(model, list(prompt), k=0, temperature=0.0, max_new_tokens=length,
-                         vocab_limit=vocab_limit, prefill_last=False).tokens)
-
-
-def vocab_limit(tokenizer) -> int | None:
-    """The ids a decode may produce: the tokenizer's length where it has one (the output layer may be padded)."""
-    return len(tokenizer) if hasattr(tokenizer, "__len__") else None
-
-
-def verified_texts(model, tokenizer, depth: int, prompts: int, length: int) -> list[list[int]]:
-    """Per built-in prompt: its first `depth` tokens followed by `length` greedy tokens of the target."""
-    limit = vocab_limit(tokenizer)
-    return [ids + greedy_continuation(model, ids, length, limit) for ids in prompt_ids(tokenizer, depth, prompts)]
-
-
-def continuation_length(reps: int, n_max: int, stride: int = STRIDE) -> int:
-    """Tokens of continuation the verify passes read: the last repetition's window ends there."""
-    return stride * (reps - 1) + n_max
-
-
-def pass_time(samples: np.ndarray) -> float:
-    """A verify time from samples [P, R] (prompt x repetition), seconds: each prompt's median over
-    its repetitions, averaged over the prompts.
-
-    The prompts are windows of different text, measured one after another: their routing names
-    different numbers of distinct experts (qwen3moe-shaped: 10 against 31 at n = 8), and the machine
-    may run at another speed by the next prompt, so their passes fall in separate clusters (40 and
-    54 ms at n = 2 there). The median of the pooled passes then lands wherever the two clusters'
-    inner tails meet; it missed the average of the prompts' medians by up to 5.4 ms at 70 ms on
-    qwen3moe-shaped. The average is the one that the prediction's operation times (22) take over
-    their windows, so the two are compared like for like.
-    """
-    s = np.asarray(samples, dtype=float)
-    if s.ndim != 2 or s.size == 0:
-        raise ValueError(f"samples must be a non-empty [prompts, repetitions] array, got shape {s.shape}")
-    return float(np.median(s, axis=1).mean())
-
-
-@dataclass(frozen=True)
-class Saving:
-    """S(n) = τ_slot(n) − τ_dedup(n) (eq. (6)) in seconds, with its bootstrap interval [lo, hi]."""
-
-    n: int
-    point: float
-    lo: float
-    hi: float
-    level: float = 0.95
-
-    @property
-    def excludes_zero(self) -> bool:
-        return self.lo > 0 or self.hi < 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "point": self.point, "lo": self.lo, "hi": self.hi, "level": self.level}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Saving":
-        return cls(**d)
-
-
-def bootstrap_saving(
-    slot: np.ndarray,  # [P, R] seconds, per-slot kernel, prompt x repetition
-    dedup: np.ndarray,  # [P, R] seconds, deduplicating kernel, paired with `slot`
-    *,
-    resamples: int = 2000,
-    level: float = 0.95,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """(point, lo, hi) of S = τ_slot − τ_dedup, eq. (6), each τ a `pass_time`, with a percentile
-    interval.
-
-    Each resample draws P prompts with replacement, then R repetitions with replacement within
-    each drawn prompt; the same (prompt, repetition) indices go to both kernels, which were timed
-    back to back.
-    """
-    slot, dedup = np.asarray(slot, dtype=float), np.asarray(dedup, dtype=float)
-    if slot.ndim != 2 or slot.shape != dedup.shape or slot.size == 0:
-        raise ValueError(
-            f"slot and dedup must be non-empty [prompts, reps] arrays of one shape, got {slot.shape} and {dedup.shape}"
-        )
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    if resamples < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples}")
-    P, R = slot.shape
-    rng = np.random.default_rng(seed)
-    pi = rng.integers(P, size=(resamples, P, 1))
-    ri = rng.integers(R, size=(resamples, P, R))
-    stats = np.median(slot[pi, ri], axis=2).mean(axis=1) - np.median(dedup[pi, ri], axis=2).mean(axis=1)
-    point = pass_time(slot) - pass_time(dedup)
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(stats, [alpha, 1 - alpha])
-    return point, float(lo), float(hi)
-
-
-def _as_samples(d: dict) -> dict[int, np.ndarray]:
-    return {int(n): np.asarray(v, dtype=float) for n, v in d.items()}
-
-
-@dataclass(frozen=True)
-class VerifyTimes:
-    """Verify-pass samples at one depth d.
-
-    samples[kernel][n] holds seconds shaped [P, R] (prompt x repetition); τ_p(n) is their `pass_time`.
-    ops[kernel][n], where timed (`run_verify` with verified windows), holds the expert operation's
-    seconds on each pass's own window, shaped [P, R, L] over `op_layers`, each taken right after
-    its pass. inside[kernel][n], where recorded, holds the seconds each pass spent inside its experts
-    modules, summed over the layers, shaped [P, R] like the samples (`time_passes`).
-    """
-
-    depth: int
-    samples: dict[str, dict[int, np.ndarray]]
-    ops: dict[str, dict[int, np.ndarray]] | None = None
-    op_layers: tuple[int, ...] = ()
-    inside: dict[str, dict[int, np.ndarray]] | None = None
-
-    @property
-    def kernels(self) -> tuple[str, ...]:
-        return tuple(self.samples)
-
-    @property
-    def ns(self) -> tuple[int, ...]:
-        return tuple(sorted(next(iter(self.samples.values()))))
-
-    def tau(self, kernel: str) -> dict[int, float]:
-        """τ_p(n): each prompt's median over repetitions, averaged over prompts (`pass_time`), seconds."""
-        return {n: pass_time(s) for n, s in sorted(self.samples[kernel].items())}
-
-    @property
-    def tau_meas_1(self) -> float:
-        """τ_meas(1), the one-token verify time of eq. (22): the per-slot kernel's (or the only one's)."""
-        kernel = SLOT if SLOT in self.samples else self.kernels[0]
-        return self.tau(kernel)[1] if 1 in self.samples[kernel] else float("nan")
-
-    def op_times(self, kernel: str) -> dict[int, np.ndarray]:
-        """Each of `op_layers`' operation time on the verified windows, timed between the passes: the
-        median over repetitions, averaged over prompts (the windows), {n: [L]} seconds."""
-        if not self.ops:
-            raise ValueError(f"no operation times at depth {self.depth}; run_verify times them when given the "
-                             "verified windows and op_layers")
-        return {n: np.median(s, axis=1).mean(axis=0) for n, s in sorted(self.ops[kernel].items())}
-
-    def savings(self, *, resamples: int = 2000, seed: int = 0) -> list[Saving]:
-        """S(n) with its 95% bootstrap interval at every measured n; empty unless both kernels ran."""
-        if not (SLOT in self.samples and DEDUP in self.samples):
-            return []
-        out = []
-        for n in self.ns:
-            point, lo, hi = bootstrap_saving(
-                self.samples[SLOT][n], self.samples[DEDUP][n], resamples=resamples, seed=seed + n
-            )
-            out.append(Saving(n=n, point=point, lo=lo, hi=hi))
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "depth": self.depth,
-            "ns": list(self.ns),
-            "tau": {p: {str(n): t for n, t in self.tau(p).items()} for p in self.kernels},
-            "tau_meas_1": self.tau_meas_1,
-            "saving": [s.to_dict() for s in self.savings()],
-            "samples": {p: {str(n): s.tolist() for n, s in sorted(ns.items())} for p, ns in self.samples.items()},
-            **({"op_layers": list(self.op_layers),
-                "ops": {p: {str(n): s.tolist() for n, s in sorted(ns.items())} for p, ns in self.ops.items()}}
-               if self.ops else {}),
-            **({"inside": {p: {str(n): s.tolist() for n, s in sorted(ns.items())} for p, ns in self.inside.items()}}
-               if self.inside else {}),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "VerifyTimes":
-        ops = {p: _as_samples(v) for p, v in d["ops"].items()} if d.get("ops") else None
-        inside = {p: _as_samples(v) for p, v in d["inside"].items()} if d.get("inside") else None
-        return cls(depth=int(d["depth"]), samples={p: _as_samples(v) for p, v in d["samples"].items()}, ops=ops,
-                   op_layers=tuple(int(l) for l in d.get("op_layers", ())), inside=inside)
-
-
-@dataclass(frozen=True)
-class ScalingCurve:
-    """Verify-batch scaling at depth d with one kernel: samples[n] seconds shaped [P, R]."""
-
-    depth: int
-    kernel: str
-    samples: dict[int, np.ndarray]
-
-    @property
-    def ratio(self) -> dict[int, float]:
-        """τ(n)/τ(1): an n-token pass over a 1-token pass (engine paper, Sec. 6.5)."""
-        t1 = pass_time(self.samples[1])
-        return {n: pass_time(s) / t1 for n, s in sorted(self.samples.items())}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "depth": self.depth,
-            "kernel": self.kernel,
-            "ratio": {str(n): r for n, r in self.ratio.items()},
-            "samples": {str(n): s.tolist() for n, s in sorted(self.samples.items())},
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ScalingCurve":
-        return cls(depth=int(d["depth"]), kernel=d["kernel"], samples=_as_samples(d["samples"]))
-
-
+from moespec.bench.verify_times import ScalingCurve, VerifyTimes
+from moespec.kernel_names import DEDUP, ENGINE_KERNELS, TO_COST
 def time_passes(
     model,
     ids: Sequence[int],
@@ -413,32 +162,9 @@ def verified_depth(doc_id: str) -> int | None:
     return int(head[1:]) if head.startswith("d") and head[1:].isdigit() else None
 
 
-def avoid_slot_prefill(model) -> None:
-    """Leave the per-slot kernel before a prefill: it reads one expert per (token, slot), d*m reads."""
-    if getattr(model.config, "_experts_implementation", None) == SLOT:
-        model.set_experts_implementation(DEDUP)
-
-
 def default_flusher(enabled: bool) -> Callable[[], None] | None:
     """The App. D cache flush before every timed pass, or None when `enabled` is False."""
     return CacheFlusher() if enabled else None
-
-
-OnPoint = Callable[[dict, bool], None]  # (key, resumed) after each point, measured or read back
-
-
-def _logged(log, key: dict, compute: Callable[[], Any], on_point: OnPoint | None) -> Any:
-    """The value of point `key`: from the log when there, else computed and appended at once."""
-    resumed = log is not None and log.has(key)
-    if resumed:
-        value = log.get(key)
-    else:
-        value = compute()
-        if log is not None:
-            log.append(key, value)
-    if on_point is not None:
-        on_point(key, resumed)
-    return value
 
 
 def verify_points(depths: Sequence[int], prompts: int) -> int:
@@ -452,7 +178,7 @@ def run_verify(
     *,
     depths: Sequence[int] = (512, 4096),
     ns: Sequence[int] = range(1, 10),
-    kernels: Sequence[str] = KERNELS,
+    kernels: Sequence[str] = ENGINE_KERNELS,
     prompts: int = PROMPT_COUNT,
     reps: int = 5,
     warmup: int = 1,
@@ -501,7 +227,7 @@ def run_verify(
                 return time_passes(model, texts[i], depth, ns, kernels, reps=reps, warmup=warmup, flush=flush,
                                    between=between, stride=stride)
 
-            per_prompt.append(_logged(log, key, compute, on_point))
+            per_prompt.append(logged_point(log, key, compute, on_point))
         samples = {
             str(p): {n: np.array([pp[str(p)][str(n)] for pp in per_prompt]) for n in ns} for p in kernels
         }
@@ -512,9 +238,6 @@ def run_verify(
                    for p in kernels} if all("inside" in pp for pp in per_prompt) else None)
         out.append(VerifyTimes(depth=depth, samples=samples, ops=ops, op_layers=tuple(op_layers), inside=inside))
     return out
-
-
-OPERATION_KERNEL = {SLOT: "slot", DEDUP: "dedup"}  # a whole-model kernel -> the same kernel on the operation
 
 
 def operation_timer(model, windows, doc_id: str, layers: Sequence[int], ns: Sequence[int],
@@ -545,7 +268,7 @@ def operation_timer(model, windows, doc_id: str, layers: Sequence[int], ns: Sequ
         return inputs[(l, n, start)]
 
     def timed(n: int, kernel: str, start: int = 0) -> list[float]:
-        fn = expert_op.kernel_fn(OPERATION_KERNEL[kernel], experts[layers[0]])
+        fn = expert_op.kernel_fn(TO_COST[kernel], experts[layers[0]])
         times = []
         with torch.inference_mode():
             for l in layers:
@@ -576,7 +299,7 @@ def run_scaling(
     rows = []
     for i, ids in enumerate(prompt_ids(tokenizer, depth + ns[-1], prompts)):
         key = {"part": "scaling", "depth": depth, "prompt": i, "ns": ns, "kernel": kernel, "reps": reps}
-        value = _logged(
+        value = logged_point(
             log,
             key,
             lambda: time_passes(model, ids, depth, ns, [kernel], reps=reps, warmup=warmup, flush=flush),

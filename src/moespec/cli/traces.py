@@ -76,7 +76,8 @@ def trace_verified(
     target's greedy continuation of the prompt's first d tokens, as long as the verify passes read.
     Give it to `moespec characterize --verified` and `moespec measure --verified`: the expert
     operation is timed on those windows."""
-    from moespec.bench.verify import continuation_length, verified_routing
+    from moespec.bench.prompts import continuation_length
+    from moespec.bench.verify import verified_routing
     from moespec.models.load import load
 
     if reps < 1 or stride < 0:

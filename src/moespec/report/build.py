@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from moespec import artifacts
-from moespec.bench.sweep import baseline, cell_throughput
+from moespec.bench.sweep_cells import baseline, cell_throughput
 from moespec.report.html import Figure, Section, Table, render
 
 FILES = {"traces": "traces.parquet", "characterization": "characterization.json", "prediction": "prediction.json",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moespec.bench.expert_op import REQUESTED_BYTES
+from moespec.kernel_names import REQUESTED_BYTES
 from moespec.report.plotting import plt, save
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from moespec.bench.verify import DEDUP, SLOT
+from moespec.kernel_names import DEDUP, SLOT
 from moespec.costmodel.bounds import speedup_bounds
 from moespec.report.plotting import plt
 from moespec.report.plotting import save as _save

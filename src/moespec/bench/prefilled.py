@@ -1,0 +1,126 @@
+"""A target whose KV cache holds one prompt's prefill, shared by every run of a sweep on it."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from moespec.bench.prompts import PREFILL_CHUNK, prompt_ids
+from moespec.device import synchronize
+from moespec.engine.cached import CachedModel
+from moespec.kernel_names import DEDUP, SLOT
+
+
+class PrefilledTarget:
+    """A target whose cache holds one prompt's prefill, reused by every `generate` call on it.
+
+    It presents the `CachedModel` interface (`extend`, `truncate`, `reset`, `length`, `width`,
+    `vocab_limit`, `device`, `forward_s`). Positions inside the prompt are served from the logits
+    kept at prefill (rows [P, V]); positions past it run the model on the real cache, which always
+    holds the prompt.
+    Extending a prompt position with any other token than the prompt's raises ValueError.
+    `hold(tokens)` makes the prompt longer by `tokens`, so that runs can start further into a text.
+    """
+
+    def __init__(self, model, prompt: torch.Tensor):  # prompt: [P] int64
+        self.inner = CachedModel(model)
+        self.prompt = torch.as_tensor(prompt, dtype=torch.long).reshape(-1)
+        P = self.prompt.shape[0]
+        synchronize(self.inner.device)
+        t0 = time.perf_counter()
+        rows = [self.inner.extend(self.prompt[s : s + PREFILL_CHUNK]) for s in range(0, P, PREFILL_CHUNK)]
+        synchronize(self.inner.device)
+        self.prefill_s = time.perf_counter() - t0
+        self.logits = torch.cat(rows)  # [P, V] float32 CPU, row j predicts token j+1
+        self.device = self.inner.device
+        self.forward_s = 0.0
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def width(self) -> int:
+        return self.inner.width
+
+    @property
+    def vocab_limit(self) -> int | None:
+        return self.inner.vocab_limit
+
+    def reset(self) -> None:
+        self._length = 0
+        self.forward_s = 0.0
+        self.inner.truncate(self.prompt.shape[0])
+
+    def hold(self, tokens: torch.Tensor) -> None:
+        """Hold `tokens` [t] after the prompt as well: run on the cache (untimed), their logits kept."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        self.reset()
+        if tokens.numel():
+            self.logits = torch.cat([self.logits, self.inner.extend(tokens)])
+            self.prompt = torch.cat([self.prompt, tokens])
+
+    def truncate(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"truncate() needs n >= 0, got {n}")
+        self._length = min(self._length, n)
+        self.inner.truncate(max(self._length, self.prompt.shape[0]))
+
+    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Append tokens [n]; returns the logits of the n new positions, [n, V] float32 CPU."""
+        tokens = tokens.reshape(-1)
+        P, start, n = self.prompt.shape[0], self._length, int(tokens.shape[0])
+        inside = max(0, min(start + n, P) - start)
+        if inside and not torch.equal(tokens[:inside], self.prompt[start : start + inside]):
+            raise ValueError(
+                f"PrefilledTarget holds one prompt; positions {start}..{start + inside - 1} were extended "
+                "with other tokens. Build one PrefilledTarget per prompt."
+            )
+        parts = [self.logits[start : start + inside]]
+        if inside < n:
+            before = self.inner.forward_s
+            parts.append(self.inner.extend(tokens[inside:]))
+            self.forward_s += self.inner.forward_s - before
+        self._length = start + n
+        return torch.cat(parts)
+
+
+def avoid_slot_prefill(model) -> None:
+    """Leave the per-slot kernel before a prefill: it reads one expert per (token, slot), d*m reads."""
+    if getattr(model.config, "_experts_implementation", None) == SLOT:
+        model.set_experts_implementation(DEDUP)
+
+
+def switch_kernel(model, kernel: str | None) -> None:
+    """Set the model's experts implementation to `kernel` (None keeps the current one)."""
+    if kernel is not None:
+        model.set_experts_implementation(kernel)
+
+
+class PrefilledPrompts:
+    """Prompts at one depth, each prefilled on first use only (a resumed sweep may need none).
+
+    `target(i, text)` holds prompt i's `text` (by default the prompt itself): a run may start
+    further into the target's greedy text (`run_oracle`'s `start_stride`)."""
+
+    def __init__(self, model, tokenizer, depth: int, count: int, prefill_last: bool = True):
+        self.model, self.ids = model, prompt_ids(tokenizer, depth, count)
+        self.prefill_last = prefill_last  # False: the targets hold all but the last token (its pass is a round's)
+        self._targets: dict[int, PrefilledTarget] = {}
+
+    def target(self, i: int, text: Sequence[int] | None = None) -> PrefilledTarget:
+        text = list(self.ids[i] if text is None else text)
+        held = torch.tensor(text if self.prefill_last else text[:-1])
+        have = self._targets.get(i)
+        if have is None or not (have.prompt.shape[0] <= held.shape[0]
+                                and torch.equal(have.prompt, held[: have.prompt.shape[0]])):
+            self._targets.clear()  # one prompt's cache at a time
+            avoid_slot_prefill(self.model)
+            self._targets[i] = PrefilledTarget(self.model, held)
+        elif have.prompt.shape[0] < held.shape[0]:  # a later start on the same text: hold the tokens between
+            avoid_slot_prefill(self.model)
+            have.hold(held[have.prompt.shape[0]:])
+        return self._targets[i]

@@ -1,0 +1,85 @@
+"""The text the verify passes and sweeps read: built-in prompts cut to a depth, the target's greedy
+continuation of them, and the windows that repetitions verify `STRIDE` tokens apart.
+
+Imports no torch; `greedy_continuation` runs the engine on first call.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Sequence
+
+PROMPT_COUNT = 6
+PROMPT_SEPARATOR = "\n\n"
+PREFILL_CHUNK = 512
+STRIDE = 3  # tokens between the windows of two repetitions of a verify pass (`verify.run_verify`)
+
+
+def prompt_texts(count: int = PROMPT_COUNT) -> list[str]:
+    """The texts of the first `count` built-in prompts (moespec/data/prompts/p1.txt ...)."""
+    if not 1 <= count <= PROMPT_COUNT:
+        raise ValueError(f"count must be 1..{PROMPT_COUNT} (the built-in prompts), got {count}")
+    folder = resources.files("moespec") / "data" / "prompts"
+    return [(folder / f"p{i}.txt").read_text(encoding="utf-8") for i in range(1, count + 1)]
+
+
+def prompt_ids(tokenizer, length: int, count: int = PROMPT_COUNT) -> list[list[int]]:
+    """`count` token-id prompts of exactly `length` tokens each.
+
+    Prompt i is p_i, followed (when p_i alone is shorter than `length` tokens, as with a subword
+    tokenizer at depth 4096) by p_{i+1}, p_{i+2}, ... cyclically, joined by a blank line, then cut
+    to `length`. With the synthetic presets' byte tokenizer one byte is one token, and each prompt
+    of >= 5000 bytes covers depth 4096 plus a pass of 16 on its own.
+    """
+    if length < 1:
+        raise ValueError(f"length must be >= 1 token, got {length}")
+    texts = prompt_texts(PROMPT_COUNT)
+    if not 1 <= count <= len(texts):
+        raise ValueError(f"count must be 1..{len(texts)} (the built-in prompts), got {count}")
+    pieces = [tokenizer.encode(t + PROMPT_SEPARATOR) for t in texts]
+    if not any(pieces):
+        raise ValueError(f"the tokenizer {tokenizer!r} gives no tokens for the built-in prompts")
+    out = []
+    for i in range(count):
+        ids: list[int] = []
+        j = i
+        while len(ids) < length:
+            ids.extend(pieces[j % len(pieces)])
+            j += 1
+        out.append(ids[:length])
+    return out
+
+
+def greedy_continuation(model, prompt: Sequence[int], length: int, vocab_limit: int | None = None) -> list[int]:
+    """The target's first `length` greedy tokens after `prompt` (untimed): the text a speculative
+    step verifies (the oracle draft proposes it, marking some drafts wrong), and the oracle's reference."""
+    from moespec.bench.prefilled import avoid_slot_prefill
+    from moespec.engine.decode import generate
+
+    if length < 1:
+        raise ValueError(f"length must be >= 1 token, got {length}")
+    avoid_slot_prefill(model)
+    return list(generate(model, list(prompt), k=0, temperature=0.0, max_new_tokens=length,
+                         vocab_limit=vocab_limit, prefill_last=False).tokens)
+
+
+def vocab_limit(tokenizer) -> int | None:
+    """The ids a decode may produce: the tokenizer's length where it has one (the output layer may be padded)."""
+    return len(tokenizer) if hasattr(tokenizer, "__len__") else None
+
+
+def verified_texts(model, tokenizer, depth: int, prompts: int, length: int) -> list[list[int]]:
+    """Per built-in prompt: its first `depth` tokens followed by `length` greedy tokens of the target."""
+    limit = vocab_limit(tokenizer)
+    return [ids + greedy_continuation(model, ids, length, limit) for ids in prompt_ids(tokenizer, depth, prompts)]
+
+
+def continuation_length(reps: int, n_max: int, stride: int = STRIDE) -> int:
+    """Tokens of continuation the verify passes read: the last repetition's window ends there."""
+    return stride * (reps - 1) + n_max
+
+
+def verified_depth(doc_id: str) -> int | None:
+    """The depth d of a `verified_routing` document id "d{d}/p{i}", else None."""
+    head = str(doc_id).split("/", 1)[0]
+    return int(head[1:]) if head.startswith("d") and head[1:].isdigit() else None
