@@ -146,9 +146,9 @@ def test_marked_drafts_keep_the_greedy_tokens_and_are_rejected(table_lm, a):
 
     class Recording(OracleDraft):
         def propose(self, context, k):
-            g, q = super().propose(context, k)
-            seen.append((context.shape[0], g.clone(), self.reference.clone(), self.marked))
-            return g, q
+            proposal = super().propose(context, k)
+            seen.append((context.shape[0], proposal.tokens.clone(), self.reference.clone(), proposal.marked_from))
+            return proposal
 
     out = generate(target, prompt, draft=Recording(a, seed=2), k=3, max_new_tokens=60, vocab_limit=V)
     assert out.tokens == generate(target, prompt, k=0, max_new_tokens=60, vocab_limit=V).tokens

@@ -17,7 +17,7 @@ import torch
 
 from moespec.device import peak_rss_bytes, synchronize
 from moespec.engine.cached import CachedModel
-from moespec.engine.proposers import DraftModel
+from moespec.engine.proposers import DraftModel, Proposal, Proposer
 from moespec.engine.sampling import Sampler, SamplingConfig
 from moespec.engine.stats import GenerationResult, Stats
 
@@ -61,8 +61,8 @@ def _as_prompt(input_ids) -> torch.Tensor:
     return ids
 
 
-def _as_proposer(draft):
-    if draft is None or hasattr(draft, "propose"):
+def _as_proposer(draft) -> Proposer | None:
+    if draft is None or isinstance(draft, Proposer):
         return draft
     if hasattr(draft, "extend") or hasattr(draft, "config"):
         return DraftModel(draft)
@@ -91,7 +91,7 @@ def generate(
     """Lossless speculative decoding of `target` from `input_ids`.
 
     target: a transformers causal LM (or a CachedModel). draft: None (plain decoding), a causal LM
-    (wrapped as DraftModel) or a proposer. k: drafts per round (0 = plain decoding). Sampling is
+    (wrapped as DraftModel) or a `Proposer`. k: drafts per round (0 = plain decoding). Sampling is
     temperature/top-k/top-p target sampling, greedy at temperature 0, seeded by `seed`.
     vocab_limit: ids >= vocab_limit are never produced (the tokenizer's length when the output
     layer is padded); default: the smaller of the models' declared `moespec_vocab_limit` (synthetic
@@ -117,12 +117,10 @@ def generate(
     tgt = target if isinstance(target, CachedModel) or hasattr(target, "extend") else CachedModel(target)
     tgt.reset()
     proposer = _as_proposer(draft) if k > 0 else None
-    width = tgt.width
-    if isinstance(proposer, DraftModel):
-        width = min(width, proposer.width)
+    draft_cache = proposer.cache if proposer is not None else None
+    width = tgt.width if draft_cache is None else min(tgt.width, draft_cache.width)
     if vocab_limit is None:
-        models = (tgt, getattr(proposer, "cached", None))
-        declared = [m.vocab_limit for m in models if m is not None and m.vocab_limit]
+        declared = [m.vocab_limit for m in (tgt, draft_cache) if m is not None and m.vocab_limit]
         vocab_limit = min(declared) if declared else None
     sampler = Sampler(config, width=width, vocab_limit=vocab_limit, seed=seed)
     if proposer is not None:
@@ -137,7 +135,7 @@ def generate(
     round_s: list[float] = []
     draft_s = verify_s = sampling_s = 0.0
     stop = "max_new_tokens"
-    empty = seq[:0]
+    nothing = Proposal(seq[:0])  # the round of plain decoding
     device = tgt.device if hasattr(tgt, "device") else None
     synchronize(device)
     t_start = time.perf_counter()
@@ -155,19 +153,21 @@ def generate(
             break
         kk = min(k, max_new_tokens - (L - P) - 1)  # a round emits up to kk+1 tokens: never past the budget
         t0 = time.perf_counter()
-        x, q = proposer.propose(seq[:L], kk) if proposer is not None and kk > 0 else (empty, None)
+        proposal = proposer.propose(seq[:L], kk) if proposer is not None and kk > 0 else nothing
         t1 = time.perf_counter()
-        n = x.shape[0]
+        x, n = proposal.tokens, proposal.tokens.shape[0]
+        if n > kk:
+            raise ValueError(f"{type(proposer).__name__}.propose returned {n} drafts for k={kk}; return at most k")
         if pending is not None:  # row 0 came with the prefill; only the drafts need the target
             logits = torch.cat((pending, tgt.extend(x))) if n else pending  # [n+1, V]
             pending = None
         else:  # the last committed token was emitted, not yet fed: feed it with the drafts
             logits = tgt.extend(torch.cat((seq[L - 1: L], x)) if n else seq[L - 1: L])  # [n+1, V]
         t2 = time.perf_counter()
-        a, nxt = sampler.verify(sampler.prepare(logits), x, q)
-        cut = getattr(proposer, "marked", None) if n else None
-        if cut is not None and cut < a:  # the oracle marked draft cut + 1 wrong (`OracleDraft`): rejected
-            a, nxt = cut, x[cut]  # greedy: the target's token there is the draft it matched
+        a, nxt = sampler.verify(sampler.prepare(logits), x, proposal.q)
+        cut = proposal.marked_from
+        if cut is not None and cut < a:  # drafts from the marked one on count as rejected
+            a, nxt = cut, x[cut]  # the target accepted draft cut: it is the round's token there
         t3 = time.perf_counter()
         seq[L: L + a] = x[:a]
         seq[L + a] = nxt
@@ -199,7 +199,6 @@ def generate(
     synchronize(device)
     total = time.perf_counter() - t_start
 
-    draft_cached = getattr(proposer, "cached", None)
     stats = Stats(
         k=k,
         prompt_tokens=P,
@@ -216,7 +215,7 @@ def generate(
         verify_s=verify_s,
         sampling_s=sampling_s,
         target_forward_s=tgt.forward_s,
-        draft_forward_s=draft_cached.forward_s if draft_cached is not None else 0.0,
+        draft_forward_s=draft_cache.forward_s if draft_cache is not None else 0.0,
         peak_rss_bytes=peak_rss_bytes(),
     )
     return GenerationResult(tokens=seq[P:L].tolist(), stats=stats)

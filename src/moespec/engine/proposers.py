@@ -1,15 +1,6 @@
-"""Proposers: where the K draft tokens of a round come from.
+"""Proposers: where the drafts of a round come from.
 
-A proposer has three methods, called by the decode loop:
-
-- `begin(target, prompt, max_new_tokens, sampler)` once, before the clock starts (the oracle
-  computes its reference continuation here);
-- `propose(context, k) -> (x, q)`: up to k drafted tokens x ([k'] int64, k' <= k) for the committed
-  `context` ([L] int64), and q, the [k', W] distributions they were sampled from, or None when each
-  draft is one-hot (a deterministic proposal);
-- `commit(keep)`: the first `keep` tokens the proposer last saw (context + its accepted drafts)
-  are committed; it drops any state beyond them.
-
+`Proposer` is the protocol the decode loop calls and `Proposal` what it returns each round.
 `DraftModel` samples from a second causal LM, `PromptLookup` copies an n-gram continuation from the
 context, `OracleDraft` is the cost-model paper's oracle (Sec. 4, App. D.2).
 """
@@ -17,11 +8,58 @@ context, `OracleDraft` is the cost-model paper's oracle (Sec. 4, App. D.2).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from moespec.engine.cached import CachedModel
 from moespec.engine.sampling import Sampler
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One round's drafts, as `Proposer.propose` returns them.
+
+    tokens: [k'] int64, the drafts x_1..x_k' (k' <= k; k' = 0 proposes nothing).
+    q: [k', W] float32, row i the distribution x_{i+1} was sampled from (`Sampler.prepare`), or None
+        when every draft is one-hot (a deterministic proposal; also any draft under greedy decoding).
+    marked_from: the index in [0, k') of the first draft marked wrong (`OracleDraft`; None for real
+        proposers): the loop treats drafts from there on as rejected, and commits that draft where
+        the target matched it.
+    """
+
+    tokens: torch.Tensor
+    q: torch.Tensor | None = None
+    marked_from: int | None = None
+
+    def __post_init__(self):
+        if self.tokens.dim() != 1 or self.tokens.dtype != torch.long:
+            raise ValueError(f"Proposal tokens must be [k'] int64, got {self.tokens.dtype} {tuple(self.tokens.shape)}")
+        n = self.tokens.shape[0]
+        if self.q is not None and (self.q.dim() != 2 or self.q.shape[0] != n):
+            raise ValueError(f"Proposal q must be [{n}, W] for {n} drafts (or None), got {tuple(self.q.shape)}")
+        if self.marked_from is not None and not 0 <= self.marked_from < n:
+            raise ValueError(f"Proposal marked_from must be in [0, {n}) or None, got {self.marked_from}")
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """What `generate` calls on a draft source: `begin` once, then `propose` and `commit` each round."""
+
+    @property
+    def cache(self) -> CachedModel | None:
+        """The proposer's own model cache (it bounds the sampling width and vocabulary, and its forward
+        time is reported as `draft_forward_s`), or None when it runs no model."""
+
+    def begin(self, *, target: CachedModel, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
+        """Called before the clock starts; prompt: [P] int64; sampler: the one that verifies the drafts."""
+
+    def propose(self, context: torch.Tensor, k: int) -> Proposal:
+        """Up to k drafts continuing the committed `context` ([L] int64)."""
+
+    def commit(self, keep: int) -> None:
+        """The first `keep` tokens of the last context and its drafts are committed; drop state beyond."""
 
 
 class DraftModel:
@@ -33,20 +71,20 @@ class DraftModel:
     """
 
     def __init__(self, model):
-        self.cached = model if hasattr(model, "extend") else CachedModel(model)
+        self._cache = model if hasattr(model, "extend") else CachedModel(model)
         self.sampler: Sampler | None = None
 
     @property
-    def width(self) -> int:
-        return self.cached.width
+    def cache(self) -> CachedModel:
+        return self._cache
 
     def begin(self, *, target, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
-        self.cached.reset()
+        self._cache.reset()
         self.sampler = sampler
 
-    def propose(self, context: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        s = self.sampler
-        logits = self.cached.extend(context[self.cached.length:])[-1:]  # [1, V]
+    def propose(self, context: torch.Tensor, k: int) -> Proposal:
+        s, cache = self.sampler, self._cache
+        logits = cache.extend(context[cache.length:])[-1:]  # [1, V]
         xs, qs = [], []
         for i in range(k):
             q = s.prepare(logits)  # [1, W]
@@ -54,11 +92,11 @@ class DraftModel:
             xs.append(x)
             qs.append(q)
             if i + 1 < k:
-                logits = self.cached.extend(x)
-        return torch.cat(xs), (None if s.greedy else torch.cat(qs))
+                logits = cache.extend(x)
+        return Proposal(torch.cat(xs), None if s.greedy else torch.cat(qs))
 
     def commit(self, keep: int) -> None:
-        self.cached.truncate(keep)
+        self._cache.truncate(keep)
 
 
 class PromptLookup:
@@ -72,18 +110,22 @@ class PromptLookup:
             raise ValueError(f"PromptLookup needs an n-gram size >= 1, got {n}")
         self.n = n
 
+    @property
+    def cache(self) -> None:
+        return None
+
     def begin(self, *, target, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
         pass
 
-    def propose(self, context: torch.Tensor, k: int) -> tuple[torch.Tensor, None]:
+    def propose(self, context: torch.Tensor, k: int) -> Proposal:
         L = context.shape[0]
         for n in range(min(self.n, L - 1), 0, -1):
             windows = context[: L - 1].unfold(0, n, 1)  # [L-n, n], every n-gram that has a successor
             hits = (windows == context[L - n:]).all(-1).nonzero()
             if hits.numel():
                 start = int(hits[-1]) + n
-                return context[start: start + k], None
-        return context[:0], None
+                return Proposal(context[start: start + k])
+        return Proposal(context[:0])
 
     def commit(self, keep: int) -> None:
         pass
@@ -123,49 +165,15 @@ def geometric_run(u: float, a: float) -> float:
 
 
 class OracleDraft:
-    """The oracle draft: the target's own greedy token, marked wrong with probability 1 - a.
+    """The cost-model paper's oracle draft (Sec. 4, App. D.2: "seeded flags that mark drafts wrong").
 
-    Following the cost-model paper (Sec. 4, App. D.2, App. E: "seeded flags that mark drafts
-    wrong"), each draft is the target's batch-one greedy token, and a seeded draw marks the drafts
-    that are wrong, each with probability 1 - a. `generate` rejects a step's drafts from the first
-    marked one on (`marked`): draft i is accepted iff drafts 1..i are unmarked (and match the
-    verify pass), so acceptance is geometric at rate a, and proposing costs next to nothing.
-
-    A marked draft keeps its token. Under greedy verification the target's token at that position
-    is the draft itself, so the committed text is the target's greedy text whatever is marked, and
-    every verify pass reads k + 1 tokens of that text: the window the cost model's V(k) prices, with
-    no a in it. Replacing the marked draft by another token, as this class did before, made the
-    step time depend on a: a wrong token names experts of its own, and where the synthetic presets'
-    greedy text repeats one id (qwen3moe-shaped's first demo prompt), every wrong token added a
-    second token's experts to the window (BENCHMARKS.md, "Marked, not replaced").
-
-    One draw per step: a step's run of right drafts is j = floor(log u / log a) for one uniform u
-    (`geometric_run`: P(j >= i) = a^i, exactly the law of drafts right with probability a each, in
-    a row), and draft j + 1, if the step has it, is marked. Drafts after it are never examined.
-    So runs with the same seed share the step outcomes at every k and a (common random numbers: a
-    step accepts min(j, k)). `offset` starts the sequence later, so that several runs of one sweep
-    cell read consecutive stretches of one sequence; `draws` says how many a run took.
-
-    The uniforms are stratified in blocks of `block` steps (`stratified_uniforms`): each step's run
-    still has exactly the geometric law, but a block's runs follow its quantiles, so a cell's tokens
-    per step stay at G_a(k) instead of wandering with the luck of independent draws. A sweep makes
-    the block one cell's steps: at 40 steps, k = 7, a = 0.85, tokens per step over G_a(k) have a
-    standard deviation of 0.5% (simulated; 8.9% with independent draws, more than the 5% tolerance
-    of the speedup against G_a(k)V(0)/V(k); one draw per examined draft, stratified in blocks of
-    128, left a demo's cells at 0.91-1.08 of G_a(k)). The price is a correlation
-    of -1/(block - 1) between two steps of a block; tests/engine/test_oracle.py checks the runs
-    against the geometric law.
-
-    The greedy tokens come from a reference continuation: in `begin`, before the clock starts, the
-    oracle decodes the prompt greedily one token at a time on the target's own cache (then rolls the
-    cache back). A verify pass whose batched argmax differs from the batch-one token (a near-tie)
-    makes the committed text leave the reference; the oracle then re-anchors, decoding a fresh
-    reference from the committed text on the target's cache, inside the clock, counted in
-    `reanchors`. Only greedy decoding is supported (temperature 0).
-
-    `reference` ([>= P + max_new_tokens] int64: the prompt, then the target's greedy tokens) skips
-    the decoding in `begin` where a sweep already has it: it depends only on the model and prompt,
-    not on k or a. After `begin`, `.reference` holds the one in use, to pass to the next oracle.
+    Each draft is the target's own greedy token; one seeded draw per round marks the first wrong one
+    (`Proposal.marked_from`), each draft being wrong with probability 1 - a, so acceptance is
+    geometric at rate a and proposing costs next to nothing. Greedy decoding only.
+    acceptance: a in [0, 1]. seed: seeds the draws. offset: draws to skip, to continue one sequence
+    over several runs. block: steps per stratified block (`stratified_uniforms`). reference:
+    [>= P + max_new_tokens] int64, the prompt then the target's greedy tokens, reused instead of
+    decoding them in `begin`. After a run: `reference` (the one used), `draws`, `reanchors`.
     """
 
     def __init__(self, acceptance: float, seed: int = 0, reference: torch.Tensor | None = None, offset: int = 0,
@@ -183,10 +191,14 @@ class OracleDraft:
         self._given = reference
         self.reanchors = 0
         self.draws = 0
-        self.marked: int | None = None  # the first draft of the last proposal marked wrong (0-based)
         self._target: CachedModel | None = None
         self._ref: torch.Tensor = torch.zeros(0, dtype=torch.long)  # [P + max_new_tokens] prompt + greedy tokens
         self._end = 0
+
+    @property
+    def cache(self) -> None:
+        """None: the oracle runs no model of its own (it decodes on the target's cache)."""
+        return None
 
     def begin(self, *, target, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
         if not sampler.greedy:
@@ -229,17 +241,16 @@ class OracleDraft:
             t.truncate(min(before, L - 1))
         return ref
 
-    def propose(self, context: torch.Tensor, k: int) -> tuple[torch.Tensor, None]:
+    def propose(self, context: torch.Tensor, k: int) -> Proposal:
         L = context.shape[0]
         if L > self._ref.shape[0] or context[L - 1] != self._ref[L - 1]:
             self.reanchors += 1
             self._ref = self._greedy_from(context)
         g = self._ref[L: L + k].clone()  # [k'] the target's greedy tokens
         j = geometric_run(self._u[self.draws], self.a)  # right drafts before the first wrong one
-        # draft j + 1 is marked; verification stops there, so later ones need no mark
-        self.marked = int(j) if j < g.shape[0] else None
         self.draws += 1
-        return g, None
+        # draft j + 1 is marked; verification stops there, so later ones need no mark
+        return Proposal(g, marked_from=int(j) if j < g.shape[0] else None)
 
     def commit(self, keep: int) -> None:
         pass
