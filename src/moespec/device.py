@@ -7,7 +7,6 @@ this file alone.
 from __future__ import annotations
 
 import os
-import platform
 import resource
 import sys
 
@@ -71,17 +70,6 @@ def peak_device_bytes(device: torch.device | str | None = None) -> int | None:
     return None
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def last_level_cache_bytes() -> int | None:
     """Size of the largest CPU cache that sysfs reports, or None where it cannot be read."""
     best = None
@@ -102,20 +90,10 @@ def last_level_cache_bytes() -> int | None:
     return best
 
 
-def machine_info(device: torch.device | str | None = None) -> dict:
-    """What every artifact records about where it was made."""
-    import transformers
-
+def torch_info(device: torch.device | str | None = None) -> dict:
+    """The torch side of an artifact's machine record (`artifacts.machine_info`)."""
     device = resolve_device(device)
-    info = {
-        "cpu": cpu_model(),
-        "threads": torch.get_num_threads(),
-        "device": str(device),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "platform": platform.platform(),
-    }
+    info = {"threads": torch.get_num_threads(), "device": str(device)}
     if device.type == "cuda":
         info["accelerator"] = torch.cuda.get_device_name(device)
     return info

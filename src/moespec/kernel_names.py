@@ -16,3 +16,8 @@ TO_ENGINE = {COST_SLOT: SLOT, COST_DEDUP: DEDUP}  # cost-model kernel -> experts
 # transformers' own kernels by what they read.
 REQUESTED_BYTES = {COST_SLOT: COST_SLOT, COST_DEDUP: COST_DEDUP, "eager": COST_DEDUP,
                    "grouped_mm": COST_DEDUP, "batched_mm": COST_SLOT}
+
+
+def requests_per_slot(kernel: str) -> bool:
+    """Whether `kernel` requests n*m*b bytes (a read per slot) rather than U*b (the union, the default)."""
+    return REQUESTED_BYTES.get(kernel, COST_DEDUP) == COST_SLOT

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from moespec.artifacts import PointLog
+from moespec.pointlog import PointLog
 from moespec.bench.prefilled import PrefilledTarget
 from moespec.bench.prompts import prompt_ids
 from moespec.bench.sweep import oracle_points, run_draft, run_oracle
@@ -16,12 +16,10 @@ from moespec.engine.cached import CachedModel
 from moespec.engine.decode import generate
 from moespec.engine.proposers import OracleDraft, PromptLookup
 from moespec.models.synthetic import build
-from moespec.moe import registry
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    registry.register()
     return build("olmoe-tiny", seed=0)
 
 
@@ -122,19 +120,6 @@ def test_a_cells_step_time_is_the_mean_log_of_its_runs_median_steps_each_runs_fi
         r["prefill_last"] = False
     steady = SweepCell.pool(1, 0.5, runs)
     assert steady.steps == 7 and steady.step_s == pytest.approx(0.011)  # medians of 1, 10, 12, 90 and 1, 11, 13 ms
-    stale = _run([1, 1], [0.01, 0.01])
-    del stale["stats"]["round_s"]
-    with pytest.raises(ValueError, match="older moespec"):
-        SweepCell.pool(1, 0.5, [stale])
-
-
-def test_a_sweep_without_a_pooled_baseline_takes_the_k0_cell_at_each_acceptance():
-    cells = [{"k": 0, "a": 0.5, "step_throughput": 10.0}, {"k": 0, "a": 0.9, "step_throughput": 12.0},
-             {"k": 2, "a": 0.5, "step_throughput": 15.0}]
-    assert baseline({"cells": cells}, 0.9)["step_throughput"] == 12.0  # written before `plain` existed
-    assert baseline({"cells": cells}, 0.3) is None  # no k = 0 run at that acceptance
-    older = [{"k": 0, "a": None, "step_throughput": 11.0}]  # one k = 0 cell for the whole sweep
-    assert baseline({"cells": older}, 0.5)["step_throughput"] == 11.0
 
 
 def test_draft_sweep_reports_the_engine_paper_figures(tiny):
@@ -220,8 +205,6 @@ def test_resampling_draws_passes_shared_by_every_cell():
     assert np.allclose(T[:, 2], T[:, 0])
     steady = {"k": 1, "a": 0.5, "step_tokens": 1.5, "run_steps": [[0.01] * 4] * 6}
     assert np.allclose(resample_throughput([steady], resamples=20), 150.0)  # tokens per step / step time
-    with pytest.raises(ValueError, match="older moespec"):
-        resample_throughput([{"k": 1, "a": 0.5, "step_tokens": 1.5}])
     with pytest.raises(ValueError, match="multiples"):
         resample_throughput([a, {"k": 1, "a": 0.6, "step_tokens": 1.0, "run_steps": times[:4].tolist()}])
 

@@ -3,14 +3,13 @@
 import numpy as np
 import pytest
 
-from moespec.artifacts import PointLog
+from moespec.pointlog import PointLog
 from moespec.bench.prompts import prompt_ids, prompt_texts
 from moespec.bench.verify import run_scaling, run_verify
 from moespec.bench.verify_times import ScalingCurve, VerifyTimes, bootstrap_saving
 from moespec.kernel_names import DEDUP, SLOT
 from moespec.models.synthetic import build
 from moespec.models.tokenizer import ByteTokenizer
-from moespec.moe import registry
 
 
 class FourBytes:
@@ -86,7 +85,6 @@ def test_bootstrap_rejects_mismatched_samples():
 
 @pytest.fixture(scope="module")
 def tiny():
-    registry.register()
     return build("olmoe-tiny", seed=0)
 
 

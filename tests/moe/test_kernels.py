@@ -172,7 +172,6 @@ def test_kernels_never_gather_expert_weights(models, preset):
 
 @pytest.mark.parametrize("preset", MOE_PRESETS)
 def test_whole_model_logits_equal_eager(models, preset):
-    registry.register()
     model = models[preset]
     ids = torch.randint(0, 259, (2, 11), generator=torch.Generator().manual_seed(4))
     model.set_experts_implementation("eager")

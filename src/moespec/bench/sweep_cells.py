@@ -75,7 +75,7 @@ class SweepCell:
     ttft_s: float  # mean over runs, prefill included
     peak_rss_bytes: int
     reanchors: int
-    run_steps: tuple[tuple[float, ...], ...] = ()  # each run's step times, seconds (`resample_throughput`)
+    run_steps: tuple[tuple[float, ...], ...]  # each run's step times, seconds (`resample_throughput`)
 
     @property
     def throughput(self) -> float:
@@ -120,9 +120,6 @@ class SweepCell:
         accepted = _by_position(runs, "accepted_by_position", k)
         reached = _by_position(runs, "reached_by_position", k)
         per_run = [r["stats"]["new_tokens"] / r["stats"]["total_s"] for r in runs if r["stats"]["total_s"] > 0]
-        if any("round_s" not in r["stats"] for r in runs):
-            raise ValueError(f"runs at k={k}, a={a} lack per-round times: their point log was written by an "
-                             "older moespec; delete it (or use a new --out-dir) to measure again")
         skip = [int(r.get("prefill_last", True)) for r in runs]  # the first round is no step
         run_steps = tuple(tuple(r["stats"]["round_s"][j:]) for r, j in zip(runs, skip))
         times = [t for steps in run_steps for t in steps]
@@ -184,13 +181,12 @@ class SweepCell:
     def from_dict(cls, d: dict[str, Any]) -> "SweepCell":
         def frozen(x):
             return tuple(frozen(y) for y in x) if isinstance(x, list) else x
-        return cls(**{n: frozen(d[n]) for n in cls.__dataclass_fields__ if n in d})
+        return cls(**{n: frozen(d[n]) for n in cls.__dataclass_fields__})
 
 
 def cell_throughput(cell: dict[str, Any]) -> float:
-    """The throughput a cell's speedups are scored on: T_a(k) = G/V (`SweepCell.step_throughput`);
-    the wall-clock figure for a sweep written before cells had one."""
-    return float(cell.get("step_throughput", cell["throughput"]))
+    """The throughput a cell's speedups are scored on: T_a(k) = G/V (`SweepCell.step_throughput`)."""
+    return float(cell["step_throughput"])
 
 
 def baseline(entry: dict[str, Any], a: float | None) -> dict[str, Any] | None:
@@ -200,13 +196,10 @@ def baseline(entry: dict[str, Any], a: float | None) -> dict[str, Any] | None:
     each acceptance's block repeats one experiment, and the baseline pools all of them (`plain`): 11
     times the steps of one cell on the paper's grid, at the same moments of the sweep as every other
     cell. Taken at each a alone, the k = 0 cell's own noise (40 steps in the demo, +-3%
-    on this shared machine) went into every speedup and every k* comparison at that a. An entry
-    written before `plain` existed gives its k = 0 cell at `a`, or its only k = 0 cell.
+    on this shared machine) went into every speedup and every k* comparison at that a. So the
+    baseline is the same at every `a`; None where the sweep ran no k = 0.
     """
-    if entry.get("plain"):
-        return entry["plain"]
-    zero = {None if c["a"] is None else round(float(c["a"]), 6): c for c in entry["cells"] if c["k"] == 0}
-    return zero.get(None if a is None else round(float(a), 6), zero.get(None))
+    return entry["plain"]
 
 
 def resample_throughput(cells: Sequence[dict[str, Any]], resamples: int = 1000, seed: int = 0) -> np.ndarray:
@@ -228,12 +221,8 @@ def resample_throughput(cells: Sequence[dict[str, Any]], resamples: int = 1000, 
     """
     if resamples < 1:
         raise ValueError(f"resamples={resamples} must be >= 1")
-    counts = {len(c.get("run_steps") or ()) for c in cells}
-    passes = min(counts, default=0)
-    if passes == 0:
-        bare = next(c for c in cells if not c.get("run_steps"))
-        raise ValueError(f"cell k={bare['k']}, a={bare['a']} keeps no per-run steps (written by an older "
-                         "moespec); measure again, or score without resamples")
+    counts = {len(c["run_steps"]) for c in cells}
+    passes = min(counts)
     if any(n % passes for n in counts):
         raise ValueError(f"cells hold {sorted(counts)} runs; resampling passes needs multiples of {passes}")
     pick = np.random.default_rng(seed).integers(passes, size=(resamples, passes))  # the passes drawn

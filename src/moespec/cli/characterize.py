@@ -18,6 +18,7 @@ from moespec.bench.characterize import (
 )
 from moespec.cli.app import app
 from moespec.cli.traces import parse_n_range
+from moespec.kernel_names import COST_DEDUP, COST_SLOT
 
 
 def parse_layers(text: str) -> list[int | str]:
@@ -56,7 +57,7 @@ def table(payload: dict) -> Table:
         row += [f"{get(payload['beta'][k], x)['aggregate'] / 1e9:.1f}" for k in kernels]
         row += [f"{float(get(payload['r'], x)):.2f}", f"{float(get(payload['u_bar'], x)):.2f}"]
     eps = payload["eps"]
-    row.append(f"{eps['slot']:.3f} / {eps['dedup']:.3f} / {eps['engine']:.3f}")
+    row.append(f"{eps[COST_SLOT]:.3f} / {eps[COST_DEDUP]:.3f} / {eps['engine']:.3f}")
     t.add_row(*row)
     return t
 

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec.cli.app import app
+from moespec.kernel_names import AUTO
 
 
 def _encode(tok, text: str) -> list[int]:
@@ -52,7 +53,7 @@ def generate_cmd(
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding and print the speedup."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result artifact here."),
     experts: str = typer.Option(
-        "moespec_auto", "--experts",
+        AUTO, "--experts",
         help="Expert kernel of MoE models: moespec_auto (per-slot below the crossover, dedup from it), "
              "moespec_slot, moespec_dedup, or a transformers one (grouped_mm, batched_mm, eager). "
              "Dense models ignore it."),

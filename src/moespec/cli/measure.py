@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec.cli.app import app
+from moespec.kernel_names import ENGINE_KERNELS
 
 
 @app.command("measure")
@@ -73,7 +74,7 @@ def measure_command(
             s = savings.get(n)
             table.add_row(
                 str(v["depth"]), str(n),
-                *(f"{1e3 * tau[p][str(n)]:.2f}" if p in tau else "-" for p in ("moespec_slot", "moespec_dedup")),
+                *(f"{1e3 * tau[p][str(n)]:.2f}" if p in tau else "-" for p in ENGINE_KERNELS),
                 f"{1e3 * s['point']:+.2f} [{1e3 * s['lo']:+.2f}, {1e3 * s['hi']:+.2f}]" if s else "-",
             )
     console.print(table)

@@ -20,8 +20,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-KERNELS = ("slot", "dedup")
-COEFFICIENTS = {"slot": ("t_op", "c_u", "c_re"), "dedup": ("t_op", "c_g", "c_t")}
+from moespec.kernel_names import COST_DEDUP, COST_KERNELS, COST_SLOT
+
+COEFFICIENTS = {COST_SLOT: ("t_op", "c_u", "c_re"), COST_DEDUP: ("t_op", "c_g", "c_t")}
 COND_WARN = 1e6  # condition number of the column-scaled design above which a fit is unreliable
 
 
@@ -31,12 +32,12 @@ def design(kernel: str, U, n, m: int, b: float) -> np.ndarray:
     U: [P] distinct experts of each pass; n: [P] tokens of each pass; m: slots per token;
     b: bytes of one expert.
     """
-    if kernel not in KERNELS:
-        raise ValueError(f"unknown kernel {kernel!r}; use one of {KERNELS}")
+    if kernel not in COST_KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; use one of {COST_KERNELS}")
     U = np.asarray(U, dtype=float)
     n = np.broadcast_to(np.asarray(n, dtype=float), U.shape)
     ones = np.ones_like(U)
-    if kernel == "slot":
+    if kernel == COST_SLOT:
         return np.stack([ones, U * b, (n * m - U) * b], axis=-1)
     return np.stack([ones, U * b, n], axis=-1)
 
@@ -68,7 +69,7 @@ class ExpertFit:
     @property
     def re_read_cost(self) -> float:
         """c_re / c_u of (4): 1 when a repeated slot is read again from memory, near 0 when cached."""
-        if self.kernel != "slot":
+        if self.kernel != COST_SLOT:
             raise ValueError(f"re_read_cost is defined for the per-slot fit (4), not for kernel {self.kernel!r}")
         return self.coef[2] / self.coef[1]
 
@@ -90,7 +91,7 @@ class ExpertFit:
             "residuals": list(self.residuals),
             "rank": self.rank,
             "cond": self.cond,
-            **({"re_read_cost": self.re_read_cost} if self.kernel == "slot" else {}),
+            **({"re_read_cost": self.re_read_cost} if self.kernel == COST_SLOT else {}),
         }
 
     @classmethod
@@ -130,7 +131,7 @@ def fit(kernel: str, U, n, t, *, m: int, b: float) -> ExpertFit:
     cond = float(sv[0] / sv[-1]) if sv[-1] > 0 else float("inf")
     if rank < X.shape[1] or cond > COND_WARN:
         warnings.warn(
-            f"fit ({'4' if kernel == 'slot' else 'E.1'}) of kernel {kernel!r} is ill-conditioned: rank {rank} "
+            f"fit ({'4' if kernel == COST_SLOT else 'E.1'}) of kernel {kernel!r} is ill-conditioned: rank {rank} "
             f"of {X.shape[1]}, condition number {cond:.3g}; use chosen ids that span several U at each n, "
             "with and without repeats",
             RuntimeWarning,

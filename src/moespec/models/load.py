@@ -9,6 +9,7 @@ import torch
 from moespec.device import resolve_device, resolve_dtype
 from moespec.models import synthetic
 from moespec.models.tokenizer import MARKER_FILE, ByteTokenizer
+from moespec.moe import registry
 
 SYNTHETIC_PREFIX = "synthetic:"
 
@@ -25,8 +26,10 @@ def load(
     """(model, tokenizer) for a spec string.
 
     `synthetic:NAME` builds a seeded preset (`layers` overrides its depth); anything else must be
-    a local folder holding a transformers checkpoint, loaded with `local_files_only=True`.
+    a local folder holding a transformers checkpoint, loaded with `local_files_only=True`. moespec's
+    experts implementations are registered first, so `experts_implementation` may name one.
     """
+    registry.register()
     if spec.startswith(SYNTHETIC_PREFIX):
         name = spec[len(SYNTHETIC_PREFIX):]
         model, tok = synthetic.build(name, seed=seed, layers=layers, dtype=dtype)

@@ -17,6 +17,7 @@ import transformers
 
 from moespec.device import resolve_dtype
 from moespec.models.tokenizer import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer
+from moespec.moe import registry
 
 VOCAB = 272  # the byte tokenizer's 259 ids, padded to a multiple of 16
 # Common small attention stack; rope and a long position range so depth-4096 prompts fit.
@@ -169,8 +170,9 @@ def build(
     """A seeded random-init model of preset `name` and the shared byte tokenizer.
 
     The same (name, seed, overrides) always gives the same weights. The model is in eval mode on
-    the CPU, in `dtype` (float32 by default).
+    the CPU, in `dtype` (float32 by default), and accepts moespec's experts implementations.
     """
+    registry.register()
     cfg = config(name, layers=layers, experts=experts, **overrides)
     torch_dtype = resolve_dtype(dtype)
     cfg.dtype = torch_dtype

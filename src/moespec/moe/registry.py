@@ -5,7 +5,7 @@
     model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="moespec_auto")
     model.set_experts_implementation("moespec_auto")
 
-both work. `import moespec` calls it.
+both work. `moespec.register_kernels()` calls it, as does loading a model through `moespec.models`.
 
 "moespec_auto" runs the per-slot kernel on passes of fewer than c tokens and the deduplicating
 kernel from c tokens on, where c is the crossover: the smallest pass size from which
@@ -13,8 +13,8 @@ deduplication is faster (Section 2; it is where u_bar(n) < r(n), eq. (7)). c com
 from a model's own setting (`set_crossover(c, model=model)`), the global one (`set_crossover(c)`),
 or the default 2 (deduplicate every pass of two tokens or more). c = None means deduplication
 never pays on verify passes: every pass of up to LONGEST_VERIFY_PASS tokens runs per-slot, and
-only longer passes (prefills, where per-slot would read n*m experts) deduplicate. `crossover_from_characterization` reads c from the artifact
-that `moespec characterize` writes.
+only longer passes (prefills, where per-slot would read n*m experts) deduplicate.
+`crossover_from_characterization` reads c from the artifact that `moespec characterize` writes.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 from transformers.integrations.moe import ExpertsInterface
 
 from moespec import artifacts
+from moespec.kernel_names import AUTO, DEDUP, SLOT
 from moespec.moe.experts import find_experts
 from moespec.moe.kernels import dedup, per_slot
 
@@ -97,7 +98,7 @@ def auto(
     return per_slot(experts, hidden_states, top_k_index, top_k_weights)
 
 
-IMPLEMENTATIONS = {"moespec_slot": per_slot, "moespec_dedup": dedup, "moespec_auto": auto}
+IMPLEMENTATIONS = {SLOT: per_slot, DEDUP: dedup, AUTO: auto}
 
 
 def register() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moespec.kernel_names import REQUESTED_BYTES
+from moespec.kernel_names import requests_per_slot
 from moespec.report.plotting import plt, save
 
 
@@ -25,7 +25,7 @@ def plot_bandwidth(payload: dict, path: str | Path) -> Path:
         med = [r["median"] / 1e9 for r in row]
         lo = [(r["median"] - r["q1"]) / 1e9 for r in row]
         hi = [(r["q3"] - r["median"]) / 1e9 for r in row]
-        slot = REQUESTED_BYTES.get(kernel, "dedup") == "slot"
+        slot = requests_per_slot(kernel)
         label = f"{kernel} ({'on nmb' if slot else 'on Ub'})"
         ax.errorbar(n, med, yerr=[lo, hi], marker="o", ms=4, capsize=2, ls="-" if slot else "--",
                     mfc=None if slot else "white", label=label)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from moespec.kernel_names import DEDUP, SLOT
+from moespec.kernel_names import COST_KERNELS, TO_ENGINE
 from moespec.costmodel.bounds import speedup_bounds
 from moespec.report.plotting import plt
 from moespec.report.plotting import save as _save
@@ -126,11 +126,11 @@ def plot_verify(versions: Mapping[str, Mapping[str, Any]], verify: Mapping[str, 
                 title: str = "") -> Path:
     """Figure 6 (this run's analogue): τ̂_p(n) of each version and the measured τ_p(n), per kernel."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=150, sharey=True)
-    for ax, (kernel, engine) in zip(axes, (("slot", SLOT), ("dedup", DEDUP))):
+    for ax, kernel in zip(axes, COST_KERNELS):
         for version, p in versions.items():
             color, ls = VERSION_STYLE.get(version, ("C4", "-"))
             ax.plot(p["n"], [1e3 * t for t in p["tau"][kernel]], color=color, ls=ls, label=version)
-        measured = verify["tau"].get(engine, {})
+        measured = verify["tau"].get(TO_ENGINE[kernel], {})
         ns = sorted(int(n) for n in measured)
         ax.plot(ns, [1e3 * measured[str(n)] for n in ns], "ko", ms=4, label="measured (median)")
         ax.set_title(f"{kernel} kernel", fontsize=9)
