@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def json_safe(value: Any) -> Any:
@@ -56,11 +58,40 @@ def dump_json(path: str | Path, obj: Any) -> Path:
     return path
 
 
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict:
+    """What every artifact records about where it was made.
+
+    Versions come from the installed packages, so the torch-free chain (predict, score, report)
+    records them without importing torch; torch's threads and device are added once it is loaded.
+    """
+    info = {
+        "cpu": cpu_model(),
+        "python": platform.python_version(),
+        "torch": metadata.version("torch"),
+        "transformers": metadata.version("transformers"),
+        "platform": platform.platform(),
+    }
+    if "torch" in sys.modules:
+        from moespec.device import torch_info
+
+        info.update(torch_info())
+    return info
+
+
 def write(path: str | Path, kind: str, payload: Any, *, machine: dict | None = None) -> Path:
     """Write an artifact of `kind` with the standard header around `payload`."""
     if machine is None:
-        from moespec.device import machine_info
-
         machine = machine_info()
     doc = {
         "kind": kind,
@@ -92,64 +123,3 @@ def load(path: str | Path, kind: str) -> dict:
             f"{SCHEMA_VERSION}; run `moespec {kind}` again to regenerate it"
         )
     return doc
-
-
-class PointLog:
-    """Append-only JSON-lines log of finished measurement points, keyed for resumption.
-
-    >>> log = PointLog("out/measure.points.jsonl")
-    >>> if not log.has(key): log.append(key, result)
-    """
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._points: dict[str, Any] = {}
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    break  # a line cut by an interruption: that point is measured again
-                self._points[row["key"]] = row["value"]
-
-    @staticmethod
-    def _key(key: Any) -> str:
-        return key if isinstance(key, str) else json.dumps(json_safe(key), sort_keys=True)
-
-    def has(self, key: Any) -> bool:
-        return self._key(key) in self._points
-
-    def get(self, key: Any) -> Any:
-        return self._points[self._key(key)]
-
-    def append(self, key: Any, value: Any) -> None:
-        k = self._key(key)
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"key": k, "value": json_safe(value)}, allow_nan=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self._points[k] = json_safe(value)
-
-    def __len__(self) -> int:
-        return len(self._points)
-
-    def items(self) -> Iterator[tuple[str, Any]]:
-        return iter(self._points.items())
-
-
-OnPoint = Callable[[dict, bool], None]  # (key, resumed) after each point, measured or read back
-
-
-def logged_point(log: PointLog | None, key: dict, compute: Callable[[], Any], on_point: OnPoint | None) -> Any:
-    """The value of point `key`: from the log when there, else computed and appended at once."""
-    resumed = log is not None and log.has(key)
-    if resumed:
-        value = log.get(key)
-    else:
-        value = compute()
-        if log is not None:
-            log.append(key, value)
-    if on_point is not None:
-        on_point(key, resumed)
-    return value

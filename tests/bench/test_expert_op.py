@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from moespec.artifacts import PointLog
+from moespec.pointlog import PointLog
 from moespec.bench.expert_op import (
     Pass,
     chosen_ids,

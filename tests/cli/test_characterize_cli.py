@@ -39,7 +39,7 @@ def test_characterize_cli_writes_artifact_figure_and_resumes(tmp_path):
     assert (tmp_path / "char.png").stat().st_size > 0
     log = tmp_path / "char.json.points.jsonl"
     lines = log.read_text().splitlines()
-    assert len(lines) == len(payload["points"])
+    assert json.loads(lines[0]) == {"provenance": {}} and len(lines) == 1 + len(payload["points"])  # header, points
 
     # A rerun measures nothing new: every sample is read back from the log.
     rerun = CliRunner().invoke(app, args)
@@ -53,7 +53,7 @@ def test_characterize_cli_writes_artifact_figure_and_resumes(tmp_path):
     assert more.exit_code == 0, more.output
     assert log.read_text().splitlines()[: len(lines)] == lines
     again = json.loads(out.read_text())["payload"]
-    assert len(log.read_text().splitlines()) == 3 * len(lines)
+    assert len(log.read_text().splitlines()) == 1 + 3 * len(payload["points"])
     for old, new in zip(payload["points"], again["points"]):
         assert new["timing"]["samples"][0] == old["timing"]["samples"][0] and len(new["timing"]["samples"]) == 3
 

@@ -20,8 +20,10 @@ from moespec.bench import expert_op
 from moespec.bench.timing import CacheFlusher, read_bandwidth
 from moespec.costmodel import bandwidth, fit
 from moespec.costmodel.predict import crossover as crossover_from_saving
+from moespec.kernel_names import COST_DEDUP, COST_KERNELS, COST_SLOT
 from moespec.moe.experts import expert_views, find_experts
 from moespec.moe.traces import RoutingTrace, mean_union
+from moespec.pointlog import PointLog
 
 KIND = "characterize"
 # Defaults sized for a full OLMoE-width characterization of two layers in < 10 min on 2 CPU cores.
@@ -69,7 +71,7 @@ def characterize(
     windows: int = DEFAULT_WINDOWS,
     verified: str | Path | RoutingTrace | None = None,
     verified_reps: int | None = None,
-    kernels: Sequence[str] = ("slot", "dedup"),
+    kernels: Sequence[str] = COST_KERNELS,
     out: str | Path | None = None,
     dtype: str | torch.dtype | None = None,
     flush_bytes: int | None = None,
@@ -90,8 +92,8 @@ def characterize(
     n_values = sorted({int(x) for x in n})
     if not n_values or n_values[0] < 1:
         raise ValueError(f"pass sizes n must be >= 1, got {n_values}")
-    if "slot" not in kernels or "dedup" not in kernels:
-        raise ValueError(f"kernels {list(kernels)} must include 'slot' and 'dedup' (the fits need both)")
+    if not set(COST_KERNELS) <= set(kernels):
+        raise ValueError(f"kernels {list(kernels)} must include {COST_KERNELS} (the fits need both)")
     trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
     windows_of = None
     if verified is not None:
@@ -117,7 +119,7 @@ def characterize(
         order = np.random.default_rng(seed + 7919 * (l + 1)).permutation(len(passes))  # drift-neutral
         plan[l] = [passes[i] for i in order]
     extra = {l: expert_op.verified_passes(windows_of, l, n_values) if windows_of is not None else [] for l in layer_ids}
-    log = artifacts.PointLog(points_path(out)) if out is not None else None
+    log = PointLog(points_path(out)) if out is not None else None
     total = sum(expert_op.requested_bytes(k, p, trace.expert_bytes[l])
                 for l in layer_ids for p in plan[l] + extra[l] for k in kernels)
     records = []
@@ -187,7 +189,7 @@ def summarize(records: Sequence[dict], trace: RoutingTrace, layers: Sequence[int
     for l in layers:
         b = trace.expert_bytes[l]
         fits[l], scores[l] = {}, {}
-        for k in ("slot", "dedup"):
+        for k in COST_KERNELS:
             chosen = [r for r in by(l, k, "chosen") if r["n"] >= 2]
             f = fit.fit(k, [r["U"] for r in chosen], [r["n"] for r in chosen], [_median_time(r) for r in chosen],
                         m=m, b=chosen[0]["b"] if chosen else b)
@@ -197,8 +199,8 @@ def summarize(records: Sequence[dict], trace: RoutingTrace, layers: Sequence[int
                                                      [_median_time(r) for r in rec])
         timings[l] = {k: {nn: float(np.mean([_median_time(r) for r in by(l, k, "recorded") if r["n"] == nn]))
                           for nn in n_values} for k in kernels}
-    eps = {k: fit.eps_kernel([scores[l][k] for l in layers]) for k in ("slot", "dedup")}
-    eps["engine"] = fit.eps_engine(eps["slot"], eps["dedup"])
+    eps = {k: fit.eps_kernel([scores[l][k] for l in layers]) for k in COST_KERNELS}
+    eps["engine"] = fit.eps_engine(eps[COST_SLOT], eps[COST_DEDUP])
 
     beta, r_n, u_bar_n, verdicts, saving = {}, {}, {}, {}, {}
     for k in kernels:
@@ -210,10 +212,10 @@ def summarize(records: Sequence[dict], trace: RoutingTrace, layers: Sequence[int
                            "aggregate": bandwidth.effective_bandwidth([r["bytes"] for r in rec],
                                                                       [_median_time(r) for r in rec])}
     for nn in n_values:
-        r_n[nn] = bandwidth.bandwidth_ratio(beta["dedup"][nn]["aggregate"], beta["slot"][nn]["aggregate"])
+        r_n[nn] = bandwidth.bandwidth_ratio(beta[COST_DEDUP][nn]["aggregate"], beta[COST_SLOT][nn]["aggregate"])
         u_bar_n[nn] = bandwidth.u_bar(mean_union(trace, nn), nn, m, trace.expert_bytes)
         verdicts[nn] = bandwidth.verdict(u_bar_n[nn], r_n[nn], eps["engine"])
-        saving[nn] = sum(timings[l]["slot"][nn] - timings[l]["dedup"][nn] for l in layers)
+        saving[nn] = sum(timings[l][COST_SLOT][nn] - timings[l][COST_DEDUP][nn] for l in layers)
     return {
         "layers": list(layers),
         "n": list(n_values),
@@ -223,7 +225,7 @@ def summarize(records: Sequence[dict], trace: RoutingTrace, layers: Sequence[int
         "fits": {l: {k: f.to_dict() for k, f in fits[l].items()} for l in layers},
         "scores": scores,
         "eps": eps,
-        "re_read_cost": {l: fits[l]["slot"].re_read_cost for l in layers},
+        "re_read_cost": {l: fits[l][COST_SLOT].re_read_cost for l in layers},
         "timings": timings,
         "beta": beta,
         "r": r_n,

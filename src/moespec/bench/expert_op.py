@@ -26,10 +26,10 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from moespec.artifacts import PointLog
+from moespec.pointlog import PointLog
 from moespec.bench.timing import Timing, measure
 from moespec.moe import kernels
-from moespec.kernel_names import COST_DEDUP, COST_SLOT, REQUESTED_BYTES
+from moespec.kernel_names import COST_DEDUP, COST_SLOT, requests_per_slot
 from moespec.moe.experts import expert_bytes, find_experts
 
 # T = n tokens of a pass, m = experts per token, H = hidden size, N = experts of the layer
@@ -178,7 +178,7 @@ def pass_inputs(p: Pass, hidden_size: int, dtype: torch.dtype, device, seed: int
 def requested_bytes(kernel: str, p: Pass, b: int) -> int:
     """Expert bytes kernel `kernel` requests on pass p: nmb (per-slot) or Ub (deduplicating)."""
     m = len(p.ids[0])
-    return p.n * m * b if REQUESTED_BYTES.get(kernel, "dedup") == "slot" else p.U * b
+    return p.n * m * b if requests_per_slot(kernel) else p.U * b
 
 
 def sample_key(layer: int, kernel: str, p: Pass, rep: int) -> str:

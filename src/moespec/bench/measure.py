@@ -26,6 +26,7 @@ from moespec.bench.prompts import PROMPT_COUNT, STRIDE
 from moespec.bench.verify_times import ScalingCurve
 from moespec.costmodel.predict import ACCEPTANCE_GRID
 from moespec.kernel_names import DEDUP, ENGINE_KERNELS
+from moespec.pointlog import PointLog
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,6 @@ def measure(
     text (`verify.verified_routing`, a RoutingTrace or its file), required by and only by op_layers.
     """
     from moespec.models.load import load
-    from moespec.moe import registry
 
     unknown = set(knobs) - set(MeasureConfig.__dataclass_fields__)
     if unknown:
@@ -175,11 +175,10 @@ def measure(
         from moespec.moe.traces import RoutingTrace
 
         verified = RoutingTrace.load(verified)
-    registry.register()
     model, tokenizer = loaded if loaded is not None else load(model_spec, seed=cfg.seed, layers=layers)
     draft, draft_name = _draft(draft_spec, prompt_lookup, cfg.seed)
     out = Path(out)
-    log = artifacts.PointLog(out.with_name(out.stem + ".points.jsonl"))
+    log = PointLog(out.with_name(out.stem + ".points.jsonl"))
     flush = verify.default_flusher(cfg.flush)
 
     total = (

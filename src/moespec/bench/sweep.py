@@ -16,7 +16,7 @@ Real-draft sweep: with a `DraftModel` or `PromptLookup`, the K-sweep of throughp
 acceptance and acceptance by position, TTFT, the draft / verify / sampling / other split, peak
 memory and the draft/target step-time ratio.
 
-Each run is one point of a `moespec.artifacts.PointLog`, keyed by its parameters, appended when it
+Each run is one point of a `moespec.pointlog.PointLog`, keyed by its parameters, appended when it
 finishes: an interrupted sweep resumes at the first missing point. The prompt is prefilled once per
 (prompt, depth) and shared by every run on it (`PrefilledTarget`), so a run's clock covers decoding
 alone; the prefill time is recorded once and added back into TTFT.
@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from moespec.artifacts import OnPoint, logged_point
+from moespec.pointlog import OnPoint, logged_point
 from moespec.bench.prefilled import PrefilledPrompts, PrefilledTarget, switch_kernel
 from moespec.bench.prompts import vocab_limit
 from moespec.bench.sweep_cells import SweepCell

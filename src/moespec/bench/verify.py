@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from moespec.artifacts import OnPoint, logged_point
+from moespec.pointlog import OnPoint, logged_point
 from moespec.bench.prefilled import avoid_slot_prefill
 from moespec.bench.prompts import (
     PREFILL_CHUNK, PROMPT_COUNT, STRIDE, continuation_length, prompt_ids, verified_texts,
@@ -33,6 +33,7 @@ from moespec.bench.prompts import (
 from moespec.bench.timing import CacheFlusher, ModuleClock, Timing, measure
 from moespec.bench.verify_times import ScalingCurve, VerifyTimes
 from moespec.kernel_names import DEDUP, ENGINE_KERNELS, TO_COST
+from moespec.moe.experts import find_experts
 def time_passes(
     model,
     ids: Sequence[int],
@@ -68,7 +69,6 @@ def time_passes(
     time outside the expert operation is its time minus these, read from the pass itself.
     """
     from moespec.engine.cached import CachedModel
-    from moespec.moe.experts import find_experts
 
     ns = sorted(set(int(n) for n in ns))
     if not ns or ns[0] < 1:
@@ -193,7 +193,7 @@ def run_verify(
 
     The passes verify the target's greedy continuation of each prompt cut to the depth, repetition
     r the window `stride`·r tokens into it (`time_passes`); the continuation is decoded before the
-    timing. `log` is a `moespec.artifacts.PointLog`: finished points are read back instead of measured.
+    timing. `log` is a `moespec.pointlog.PointLog`: finished points are read back instead of measured.
     windows: the `verified_routing` trace of these passes, and op_layers: MoE layers; given both,
     the expert operation of each of those layers is timed on each pass's own window right after
     the pass, with the same kernel (`VerifyTimes.ops`), so that the measured-time version's saving
@@ -203,6 +203,7 @@ def run_verify(
     """
     ns = sorted(set(int(n) for n in ns))
     op_layers = [int(l) for l in op_layers] if windows is not None else []
+    moe = bool(find_experts(model))  # only passes through experts modules record "inside" (`time_passes`)
     length = continuation_length(reps, ns[-1], stride)
     short = [i for i, doc in zip(windows.doc_ids, windows.documents) if len(doc) < length] if op_layers else []
     if short:
@@ -233,9 +234,8 @@ def run_verify(
         }
         ops = ({str(p): {n: np.array([pp["ops"][str(p)][str(n)] for pp in per_prompt]) for n in ns} for p in kernels}
                if op_layers else None)
-        # a point read back from a log written before the passes were split has no "inside"
         inside = ({str(p): {n: np.array([pp["inside"][str(p)][str(n)] for pp in per_prompt]) for n in ns}
-                   for p in kernels} if all("inside" in pp for pp in per_prompt) else None)
+                   for p in kernels} if moe else None)
         out.append(VerifyTimes(depth=depth, samples=samples, ops=ops, op_layers=tuple(op_layers), inside=inside))
     return out
 
