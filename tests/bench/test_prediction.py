@@ -1,65 +1,82 @@
-"""predict_from_artifacts: built from characterization, trace and base measurement only."""
+"""The prediction (22) and its score from artifacts built here from known inputs with exact times.
 
-import copy
+Verify passes of prompt p take FIT[kernel][n] + 2p ms on the even-numbered repetitions (the fit
+half) and HELD[kernel] more on the odd ones (the held-out half); their time inside the experts
+modules is INSIDE[n] (+3 ms on odd ones); the operation timed between them is OPS (+4 ms on odd ones).
+"""
+
 import json
-from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from moespec import artifacts
-from moespec.bench.prediction import (nearest_layers, predict_all, predict_from_artifacts, score_from_artifacts,
-                                      window_unions, windows_source)
+from moespec.artifacts import json_safe
+from moespec.bench.prediction import (nearest_layers, predict_all, predict_from_artifacts, repetition_half,
+                                      score_all, score_from_artifacts, window_unions, windows_source)
+from moespec.bench.versions import CalibratedOn, HSource, Unavailable, VersionUnavailable, WindowSource
+from moespec.bench.verify_times import VerifyTimes
 from moespec.costmodel.fit import ExpertFit
-from moespec.costmodel.predict import VERSIONS
+from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS
+from moespec.kernel_names import DEDUP, SLOT
 from moespec.moe.traces import RoutingTrace
-from moespec.pipeline import DemoConfig, run_demo
+
+D, P, R, NS = 16, 2, 4, (1, 2, 3)  # depth, prompts, repetitions, pass sizes
+M, N, B = 2, 8, 2**20  # top-k, experts, bytes per expert
+TS = (2**-10, 2**-30, 2**-31)  # per-slot fit (4): t_op, c_u, c_re
+TD = (2**-9, 2**-30, 2**-12)  # dedup fit (E.1): t_op, c_g, c_t
+FIT = {SLOT: {1: 0.040, 2: 0.044, 3: 0.047}, DEDUP: {1: 0.040, 2: 0.043, 3: 0.045}}
+HELD = {SLOT: 0.005, DEDUP: 0.003}
+INSIDE = {1: 0.010, 2: 0.012, 3: 0.013}
+OPS = {SLOT: {1: 0.004, 2: 0.006, 3: 0.0075}, DEDUP: {1: 0.004, 2: 0.0055, 3: 0.0065}}
+H = [0.001, 0.0012, 0.0014]
+# one document, two layers: the experts each token routes to, [T, L, m]
+DOC = np.array([[[0, 1], [0, 1]], [[0, 1], [2, 3]], [[2, 3], [4, 5]], [[0, 2], [6, 7]], [[4, 5], [0, 1]]])
+TAU1 = FIT[SLOT][1] + 0.001  # τ_meas(1): the fit half's mean over prompts of 40 and 42 ms
 
 
-# Fits of a plausible memory-bound kernel (s, s/byte, s/token). The smoke run's own fits come from
-# sub-millisecond timings of a tiny model and can extrapolate below zero; these tests check the
-# plumbing from artifacts to a prediction, so they replace them with fixed ones.
-FIXED = {"slot": {"t_op": 1e-3, "c_u": 1e-11, "c_re": 8e-12}, "dedup": {"t_op": 1e-3, "c_g": 1.2e-11, "c_t": 1e-4}}
+def odd(r: int) -> bool:
+    return r % 2 == 1
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("chain")
-    smoke = DemoConfig.smoke()  # the verified windows timed in the characterization too (the fallback)
-    run_demo(out, config=replace(smoke, characterize={**smoke.characterize, "verified_reps": 1}), progress=False,
-             echo=lambda _: None)
-    path = out / "characterization.json"
-    char = artifacts.load(path, "characterize")["payload"]
-    for fits in char["fits"].values():
-        for kernel, fit in fits.items():
-            fit["coefficients"] = dict(FIXED[kernel])
-    # and the measured operation times: on a tiny model on a busy machine they are sub-millisecond
-    # noise, which can make t(n) < t(1) (a verify time below zero, refused) or a saving exceed the
-    # per-slot verify time; these are fixed, growing with n, with no saving, and differ by source
-    per_token = {"verified": 1.0e-3, "recorded": 1.1e-3, "between": 0.9e-3}
-    slot = {(q["layer"], q["n"], q["source"], q["placement"]): q["timing"]["median"]
-            for q in char["points"] if q["kernel"] == "slot"}
-    dedup = [q for q in char["points"] if q["kernel"] == "dedup"]
-    for q in dedup:
-        q["timing"]["median"] = slot[(q["layer"], q["n"], q["source"], q["placement"])]
-    for q in char["points"]:
-        if q["source"] in per_token:
-            q["timing"]["median"] = per_token[q["source"]] * q["n"]
-    assert dedup
-    artifacts.write(path, "characterize", char)
-    base_path = out / "measurement-base.json"
-    base = artifacts.load(base_path, "measure")["payload"]
-    for v in base["verify"]:
-        for kernel, by_n in v["ops"].items():
-            v["ops"][kernel] = {n: np.full(np.shape(x), per_token["between"] * int(n)).tolist() for n, x in by_n.items()}
-    artifacts.write(base_path, "measure", base)
-    return out
+def verify_times(*, ops: bool = True, inside: bool = True) -> VerifyTimes:
+    pr = [(p, r) for p in range(P) for r in range(R)]
+    grid = lambda f: np.array([f(p, r) for p, r in pr]).reshape(P, R)  # noqa: E731
+    samples = {k: {n: grid(lambda p, r: FIT[k][n] + 0.002 * p + HELD[k] * odd(r)) for n in NS} for k in (SLOT, DEDUP)}
+    op = {k: {n: grid(lambda p, r: OPS[k][n] + 0.004 * odd(r))[:, :, None] for n in NS} for k in (SLOT, DEDUP)}
+    ins = {SLOT: {n: grid(lambda p, r: INSIDE[n] + 0.003 * odd(r)) for n in NS}}
+    return VerifyTimes(depth=D, samples=samples, ops=op if ops else None, op_layers=(0,) if ops else (),
+                       inside=ins if inside else None)
 
 
-def _inputs(run):
-    return (artifacts.load(run / "characterization.json", "characterize")["payload"],
-            RoutingTrace.load(run / "traces.parquet"),
-            artifacts.load(run / "measurement-base.json", "measure")["payload"])
+def as_json(x):
+    return json.loads(json.dumps(json_safe(x)))
+
+
+def base(**kw) -> dict:
+    return as_json({"model": "test", "verify": [verify_times(**kw).to_dict()], "h": {D: dict(enumerate(H))},
+                    "h_source": HSource.ORACLE_PROBE})
+
+
+def point(kernel: str, n: int, source: str, placement: str, t: float) -> dict:
+    return {"layer": 0, "kernel": kernel, "n": n, "source": source, "placement": placement, "timing": {"median": t}}
+
+
+def characterization(points=None) -> dict:
+    fit = lambda k, coef: ExpertFit(k, coef, m=M, b=B, residuals=(), rank=3, cond=1.0).to_dict()  # noqa: E731
+    if points is None:  # two corpus windows per n (1 and 3 ms apart), and the verify pass's own window
+        points = [point(k, n, "recorded", f"doc0/{i}", 0.001 * (n + 2 * i)) for k in ("slot", "dedup")
+                  for n in NS for i in (0, 1)]
+        points += [point(k, n, "verified", f"d{D}/p0", 0.001 * (n + 5)) for k in ("slot", "dedup") for n in NS]
+    return as_json({"layers": [0], "n": list(NS), "fits": {0: {"slot": fit("slot", TS), "dedup": fit("dedup", TD)}},
+                    "eps": {"slot": 0.02, "dedup": 0.03, "engine": 0.03}, "points": points})
+
+
+TRACE = RoutingTrace(documents=[DOC], num_experts=N, expert_bytes=(B, B))
+
+
+def unions(l: int, n: int) -> list[int]:
+    """The distinct experts of every window of n tokens of layer l, counted directly."""
+    return [len(set(DOC[t:t + n, l].ravel())) for t in range(len(DOC) - n + 1)]
 
 
 def test_window_unions_match_a_direct_count():
@@ -69,9 +86,8 @@ def test_window_unions_match_a_direct_count():
         d[:, :, 1] = (d[:, :, 0] + 1 + rng.integers(0, 4, size=d.shape[:2])) % 6
     trace = RoutingTrace(documents=docs, num_experts=6, expert_bytes=(10, 10))
     for n in (1, 2, 3, 4):
-        U = window_unions(trace, n)
         want = [[len(set(d[t:t + n, l].ravel())) for d in docs for t in range(d.shape[0] - n + 1)] for l in range(2)]
-        assert U.tolist() == want
+        assert window_unions(trace, n).tolist() == want
 
 
 def test_nearest_layers():
@@ -80,149 +96,168 @@ def test_nearest_layers():
         nearest_layers([], 3)
 
 
-def test_every_version_predicts(run):
-    char, trace, base = _inputs(run)
-    payload = predict_all(char, trace, base)
-    entry = payload["depths"][0]
+def test_the_repetition_halves_are_disjoint_and_cover_every_repetition():
+    for reps in (2, 5):  # each value names its repetition: 10 p + r
+        index = np.arange(2)[:, None] * 10 + np.arange(reps)[None, :]
+        t = VerifyTimes(depth=D, samples={SLOT: {1: index}}, ops={SLOT: {1: index[:, :, None]}}, op_layers=(0,),
+                        inside={SLOT: {1: index + 0.5}})
+        fit, held = repetition_half(t, "fit"), repetition_half(t, "holdout")
+        for half, want in ((fit, range(0, reps, 2)), (held, range(1, reps, 2))):
+            assert half.samples[SLOT][1].tolist() == [[10 * p + r for r in want] for p in range(2)]
+            assert half.ops[SLOT][1][..., 0].tolist() == half.samples[SLOT][1].tolist()
+            assert (half.inside[SLOT][1] - 0.5).tolist() == half.samples[SLOT][1].tolist()
+        both = np.concatenate([fit.samples[SLOT][1], held.samples[SLOT][1]], axis=1)
+        assert sorted(both.ravel().tolist()) == sorted(index.ravel().tolist())  # disjoint, and every one
+    with pytest.raises(ValueError, match="reps >= 2"):
+        repetition_half(VerifyTimes(depth=D, samples={SLOT: {1: np.ones((2, 1))}}), "fit")
+
+
+def test_prediction_is_eq_22_at_the_fit_of_every_windows_bytes():
+    p = predict_from_artifacts(characterization(), TRACE, base(), version="prediction")
+
+    def fit(kernel, U, n):
+        if kernel == "slot":
+            return TS[0] + TS[1] * U * B + TS[2] * (n * M - U) * B
+        return TD[0] + TD[1] * U * B + TD[2] * n
+
+    one = fit("slot", M, 1)  # one token routes to m distinct experts
+    for i, n in enumerate(NS):  # both layers take layer 0's fit, each at its own windows' unions
+        for kernel in ("slot", "dedup"):
+            k = kernel if n >= 2 else "slot"
+            want = TAU1 + sum(np.mean([fit(k, U, n) for U in unions(l, n)]) - one for l in (0, 1))
+            assert p.tau[kernel][i] == pytest.approx(want, rel=1e-12)
+    assert p.V["dedup"] == pytest.approx([p.tau["dedup"][k] + H[k] for k in range(3)], rel=1e-12)
+    assert p.eps == 0.03 and p.h == H
+
+
+def test_measured_time_version_reads_the_fit_half_of_the_operation_timed_between_passes():
+    p = predict_from_artifacts(characterization(), TRACE, base(), version="measured-time")
+    for i, n in enumerate(NS):  # two layers, both at layer 0's time on the even repetitions
+        assert p.M["slot"][i] == pytest.approx(2 * OPS[SLOT][n])
+        assert p.tau["slot"][i] == pytest.approx(TAU1 + 2 * (OPS[SLOT][n] - OPS[SLOT][1]))
+        if n >= 2:
+            assert p.tau["dedup"][i] == pytest.approx(TAU1 + 2 * (OPS[DEDUP][n] - OPS[SLOT][1]))
+    entry = predict_all(characterization(), TRACE, base())["depths"][0]
+    assert entry["measured_time_windows"] == WindowSource.BETWEEN_PASSES
+
+
+def test_calibrated_growth_is_taken_pass_by_pass():
+    plain = predict_from_artifacts(characterization(), TRACE, base(), version="measured-time")
+    cal = predict_from_artifacts(characterization(), TRACE, base(), version="calibrated")
+    o = {n: FIT[SLOT][n] + 0.001 - INSIDE[n] for n in NS}  # each even pass minus its time inside
+    for kernel in ("slot", "dedup"):
+        for i, n in enumerate(NS):
+            assert cal.tau[kernel][i] == pytest.approx(plain.tau[kernel][i] + o[n] - o[1], rel=1e-12)
+    entry = predict_all(characterization(), TRACE, base())["depths"][0]
     assert set(entry["versions"]) == set(VERSIONS) and entry["unavailable"] == {}
-    # the smoke demo's base measurement splits its passes: the calibrated growth is read inside them
-    assert entry["calibrated_growth"].startswith("pass by pass")
-    p = entry["versions"]["calibrated"]
-    assert p["tau"]["slot"][0] == pytest.approx(base["verify"][0]["tau_meas_1"])  # g(1) = 0
+    assert entry["calibrated_on"] == CalibratedOn.MEASURED_TIME
 
 
-def test_predict_never_reads_the_sweeps(run):
-    char, trace, base = _inputs(run)
-    clean = predict_from_artifacts(char, trace, base, version="prediction")
-    full = artifacts.load(run / "measurement.json", "measure")["payload"]
-    garbage = {**base, "oracle": "garbage", "draft_sweep": {"not": "a sweep"}, "scaling": None}
-    assert predict_from_artifacts(char, trace, garbage, version="prediction") == clean
-    # the sweep's own h(k) differs from the probe's; swapping it in must not leak into the prediction
-    swept = {**base, "oracle": full["oracle"]}
-    assert predict_from_artifacts(char, trace, swept, version="prediction") == clean
+def test_calibrated_version_without_the_pass_split_is_unavailable():
+    with pytest.raises(VersionUnavailable) as e:
+        predict_from_artifacts(characterization(), TRACE, base(inside=False), version="calibrated")
+    assert e.value.reason == Unavailable.NO_PASS_SPLIT
+    entry = predict_all(characterization(), TRACE, base(inside=False))["depths"][0]
+    assert set(entry["versions"]) == {"prediction", "measured-time"} and "calibrated_on" not in entry
+    assert Unavailable(entry["unavailable"]["calibrated"]["reason"]) == Unavailable.NO_PASS_SPLIT
+    assert entry["unavailable"]["calibrated"]["message"]
 
 
-def test_missing_h_names_the_fix(run):
-    char, trace, base = _inputs(run)
-    with pytest.raises(ValueError, match="no h\\(k\\)"):
-        predict_from_artifacts(char, trace, {**base, "h": {}})
+def test_measured_time_version_falls_back_to_the_characterizations_windows():
+    char = characterization()
+    assert windows_source(char, D) == WindowSource.VERIFIED and windows_source(char, D + 1) == WindowSource.RECORDED
+    p = predict_from_artifacts(char, TRACE, base(ops=False), version="measured-time")
+    assert p.M["dedup"][1:] == pytest.approx([2 * 0.001 * (n + 5) for n in (2, 3)])  # the verified window's
+    recorded = characterization([q for q in char["points"] if q["source"] == "recorded"])
+    p = predict_from_artifacts(recorded, TRACE, base(ops=False), version="measured-time")
+    assert p.M["dedup"][1:] == pytest.approx([2 * 0.001 * (n + 1) for n in (2, 3)])  # mean of n and n + 2 ms
+    entry = predict_all(recorded, TRACE, base(ops=False))["depths"][0]
+    assert entry["measured_time_windows"] == WindowSource.RECORDED
 
 
-def _without_ops(base: dict) -> dict:
-    """The base measurement as written before it timed the operation between its passes."""
-    strip = lambda v: {k: x for k, x in v.items() if k not in ("ops", "op_layers")}  # noqa: E731
-    return {**base, "verify": [strip(v) for v in base["verify"]]}
+def test_without_measured_operation_times_the_calibrated_version_builds_on_the_prediction():
+    char = characterization([])
+    with pytest.raises(VersionUnavailable) as e:
+        predict_from_artifacts(char, TRACE, base(ops=False), version="measured-time")
+    assert e.value.reason == Unavailable.NO_OPERATION_TIMES
+    entry = predict_all(char, TRACE, base(ops=False))["depths"][0]
+    assert Unavailable(entry["unavailable"]["measured-time"]["reason"]) == Unavailable.NO_OPERATION_TIMES
+    assert entry["calibrated_on"] == CalibratedOn.PREDICTION and "measured_time_windows" not in entry
+    plain = predict_from_artifacts(char, TRACE, base(ops=False), version="prediction")
+    cal = predict_from_artifacts(char, TRACE, base(ops=False), version="calibrated")
+    assert cal.S == pytest.approx(plain.S)  # the growth cancels in the saving
 
 
-def test_measured_time_version_takes_the_operation_timed_between_the_verify_passes(run):
-    char, trace, base = _inputs(run)
-    v = base["verify"][0]
-    assert v["op_layers"] == [0]  # the smoke demo characterizes layer 0: its operation is timed there
-    entry = predict_all(char, trace, base)["depths"][0]
-    assert entry["measured_time_windows"] == "verified, timed between the verify passes"
-    got = predict_from_artifacts(char, trace, base, version="measured-time")
-    for n in (1, 2, 3):
-        for kernel, engine in (("slot", "moespec_slot"), ("dedup", "moespec_dedup")):
-            if kernel == "dedup" and n == 1:
-                continue
-            samples = np.asarray(v["ops"][engine][str(n)])  # [P, R, L]: one prompt, R repetitions, layer 0
-            assert samples.shape == (1, len(v["samples"][engine][str(n)][0]), 1)
-            # M̂(n) sums the two MoE layers; both take layer 0's median time (the nearest timed)
-            assert got.M[kernel][n - 1] == pytest.approx(2 * np.median(samples[0, :, 0]))
-    # the calibrated version builds on these times too: its saving is theirs
-    cal = predict_from_artifacts(char, trace, base, version="calibrated")
-    assert cal.S == pytest.approx(got.S)
-    assert predict_from_artifacts(char, trace, _without_ops(base), version="measured-time").M != got.M
+def test_a_fit_extrapolating_below_zero_leaves_the_prediction_unavailable():
+    char = characterization()
+    char["fits"]["0"]["slot"]["coefficients"]["t_op"] = -1.0  # every per-slot fit time below zero
+    entry = predict_all(char, TRACE, base())["depths"][0]
+    assert Unavailable(entry["unavailable"]["prediction"]["reason"]) == Unavailable.NONPOSITIVE_TIME
+    assert set(entry["versions"]) == {"measured-time", "calibrated"}  # measured times need no fit
 
 
-def test_calibrated_growth_is_taken_pass_by_pass(run):
-    """o(n) is the median of each slot pass's time minus its time inside the experts modules; it
-    differs here from the difference of the two medians."""
-    char, trace, base = _inputs(run)
-    v = copy.deepcopy(base["verify"][0])
-    rng = np.random.default_rng(3)
-    passes, inside = {}, {}
-    tau1 = v["tau_meas_1"]
-    for n in (1, 2, 3):  # a growth of 10 ms per token outside the operation, passes 4 ms apart
-        passes[n] = tau1 + 0.01 * (n - 1) + rng.uniform(0, 0.004, size=(1, 5))  # [P, R]
-        inside[n] = 1e-4 * n + rng.uniform(0, 2e-4, size=(1, 5))  # [P, R]
-        v["samples"]["moespec_slot"][str(n)] = passes[n].tolist()
-        v["inside"]["moespec_slot"][str(n)] = inside[n].tolist()
-    base = {**base, "verify": [v]}
-    entry = predict_all(char, trace, base)["depths"][0]
-    assert entry["calibrated_growth"].startswith("pass by pass")
-    plain = predict_from_artifacts(char, trace, base, version="measured-time")
-    cal = predict_from_artifacts(char, trace, base, version="calibrated")
-    o = {n: float(np.median(passes[n] - inside[n])) for n in (1, 2, 3)}
-    apart = {n: float(np.median(passes[n]) - np.median(inside[n])) for n in (1, 2, 3)}
-    assert abs((o[3] - o[1]) - (apart[3] - apart[1])) > 1e-6  # the two estimates differ
-    for i, n in enumerate(cal.n):
-        assert cal.tau["dedup"][i] == pytest.approx(plain.tau["dedup"][i] + o[n] - o[1], rel=1e-9)
-    # a base measurement whose passes were not split: g(n) is tau_slot(n) minus the measured-time version's
-    unsplit = {**base, "verify": [{k: x for k, x in v.items() if k != "inside"}]}
-    assert predict_all(char, trace, unsplit)["depths"][0]["calibrated_growth"].startswith("tau_slot")
-    cal_unsplit = predict_from_artifacts(char, trace, unsplit, version="calibrated")
-    for i, n in enumerate(cal.n):
-        assert cal_unsplit.tau["slot"][i] == pytest.approx(v["tau"]["moespec_slot"][str(n)], rel=1e-9)
+@pytest.mark.parametrize("change, reason", [
+    (lambda c, b: (c, {**b, "h": {}}), Unavailable.NO_H),
+    (lambda c, b: ({**c, "n": [1]}, b), Unavailable.TOO_FEW_PASS_SIZES),
+])
+def test_a_missing_input_makes_every_version_unavailable_with_its_reason(change, reason):
+    char, b = change(characterization(), base())
+    payload = predict_all(char, TRACE, b)
+    assert payload["h_source"] == HSource.ORACLE_PROBE
+    entry = payload["depths"][0]
+    assert entry["versions"] == {} and {Unavailable(u["reason"]) for u in entry["unavailable"].values()} == {reason}
 
 
-def test_measured_time_version_times_the_verified_windows(run):
-    char, trace, base = _inputs(run)
-    base = _without_ops(base)  # the characterization's times, where the base measurement has none
-    depth = base["verify"][0]["depth"]
-    verified = [p for p in char["points"] if p["source"] == "verified"]
-    # the smoke demo times the first n tokens after depth d of each verify prompt, at each n
-    assert {p["placement"] for p in verified} == {f"d{depth}/p0"} and {p["n"] for p in verified} == {1, 2, 3}
-    assert windows_source(char, depth) == "verified" and windows_source(char, depth + 1) == "recorded"
-    entry = predict_all(char, trace, base)["depths"][0]
-    assert entry["measured_time_windows"] == "verified"
-    got = predict_from_artifacts(char, trace, base, version="measured-time")
-    # M̂(n) sums the two MoE layers; both take layer 0's time on the verified window (the nearest timed)
-    for n in (2, 3):
-        (t,) = [p["timing"]["median"] for p in verified if p["n"] == n and p["kernel"] == "dedup"]
-        assert got.M["dedup"][n - 1] == pytest.approx(2 * t)
-    # without them the version falls back to the corpus windows, and its operation times change
-    recorded = predict_from_artifacts({**char, "points": [p for p in char["points"] if p["source"] != "verified"]},
-                                      trace, base, version="measured-time")
-    assert recorded.M["dedup"] != got.M["dedup"]
+def test_a_malformed_input_is_an_error_not_an_unavailable_version():
+    with pytest.raises(ValueError, match="k = \\[0, 2\\]"):
+        predict_all(characterization(), TRACE, {**base(), "h": {str(D): {"0": 0.001, "2": 0.002}}})
+    one_rep = as_json({"verify": [VerifyTimes(depth=D, samples={SLOT: {n: np.ones((P, 1)) for n in NS}}).to_dict()],
+                       "h": {D: dict(enumerate(H))}})
+    with pytest.raises(ValueError, match="reps >= 2"):
+        predict_all(characterization(), TRACE, one_rep)
 
 
-def test_measured_time_version_unavailable_without_recorded_windows(run):
-    char, trace, base = _inputs(run)
-    base = _without_ops(base)
-    chosen_only = {**char, "points": [p for p in char["points"] if p["source"] == "chosen"]}
-    with pytest.raises(ValueError, match="recorded windows"):
-        predict_from_artifacts(chosen_only, trace, base, version="measured-time")
-    entry = predict_all(chosen_only, trace, base)["depths"][0]
-    assert "measured-time" in entry["unavailable"] and entry["calibrated_on"] == "prediction"
+def test_predict_never_reads_the_sweeps():
+    clean = predict_from_artifacts(characterization(), TRACE, base(), version="calibrated")
+    garbage = {**base(), "oracle": "garbage", "draft_sweep": {"not": "a sweep"}, "scaling": None}
+    assert predict_from_artifacts(characterization(), TRACE, garbage, version="calibrated") == clean
 
 
-def test_uncharacterized_layers_take_the_nearest_fit(run):
-    char, trace, base = _inputs(run)
-    assert char["layers"] == [0] and trace.num_layers == 2
-    p = predict_from_artifacts(char, trace, base, version="prediction")
-    fit0 = ExpertFit.from_dict(char["fits"]["0"]["slot"])
-    # at n = 1 every window has U = m; M̂ sums two layers that both use layer 0's fit
-    one = float(fit0.predict(trace.top_k, 1, trace.top_k, trace.expert_bytes[1]))
-    assert p.M["slot"][0] == pytest.approx(2 * one)
+V = [0.05, 0.06, 0.07]  # the sweep's step times, k = 0..2
 
 
-def test_score_from_artifacts_reads_the_sweep(run):
-    char, trace, base = _inputs(run)
-    p = predict_from_artifacts(char, trace, base, version="calibrated")
-    s = score_from_artifacts(p, run / "measurement.json")
-    assert len(s.k_star_measured) == len(p.acceptance) == 11
-    assert len(s.rules) == 6
-    json.dumps(s.to_dict())
+def measurement(plain: float = 1 / V[0]) -> dict:
+    G = lambda a, k: sum(a**j for j in range(k + 1))  # noqa: E731
+    cells = [{"k": k, "a": a, "step_throughput": G(a, k) / V[k]} for a in ACCEPTANCE_GRID for k in (1, 2)]
+    oracle = {"kernel": DEDUP, "depth": D, "cells": cells, "plain": {"step_throughput": plain}, "V": dict(enumerate(V))}
+    return {**base(), "oracle": [as_json(oracle)]}
 
 
-def test_every_acceptance_is_scored_against_the_pooled_plain_decoding(run):
-    char, trace, base = _inputs(run)
-    p = predict_from_artifacts(char, trace, base, version="prediction")
-    meas = artifacts.load(run / "measurement.json", "measure")["payload"]
-    entry = next(e for e in meas["oracle"] if e["kernel"] == "moespec_dedup")
-    assert entry["plain"]["runs"] == sum(c["runs"] for c in entry["cells"] if c["k"] == 0)
-    entry["plain"]["step_throughput"] = 1e12  # plain decoding beats every drafting cell at every a
-    assert score_from_artifacts(p, meas).k_star_measured == [0] * len(p.acceptance)
-    entry["plain"]["step_throughput"] = 1e-12  # ... or none
-    assert 0 not in score_from_artifacts(p, meas).k_star_measured
+def test_the_verify_time_error_is_scored_on_the_held_out_repetitions():
+    p = predict_from_artifacts(characterization(), TRACE, base(), version="measured-time")
+    s = score_from_artifacts(p, measurement())
+    # τ̂ = 41 + 2 (OPS(n) - OPS(1)) ms, and the fit half's τ = FIT + 1 ms (the mean prompt): slot 45, 48;
+    # dedup 44, 46 at n = 2, 3, exactly
+    assert s.tau_error_in_sample == pytest.approx(0, abs=1e-12)
+    assert s.tau_error_dedup_in_sample == pytest.approx(0, abs=1e-12)
+    # the held-out passes: slot 5 ms and dedup 3 ms longer; the largest error is slot's at n = 2
+    assert s.tau_error == pytest.approx(5 / 50) and s.tau_error_dedup == pytest.approx(3 / 47)
+    assert s.S_measured == pytest.approx([0.003, 0.004])  # held out: 50 - 47 and 53 - 49 ms
+    assert s.n == [2, 3] and len(s.rules) == 6
+
+
+def test_score_all_marks_a_version_without_its_sweep_unavailable():
+    pred = predict_all(characterization(), TRACE, base(inside=False))
+    scored = score_all(pred, base())["depths"][0]  # the base measurement holds no oracle sweep
+    assert scored["versions"] == {}
+    reasons = {v: Unavailable(u["reason"]) for v, u in scored["unavailable"].items()}
+    assert reasons == {"prediction": Unavailable.NO_SWEEP, "measured-time": Unavailable.NO_SWEEP,
+                       "calibrated": Unavailable.NO_PASS_SPLIT}
+    full = score_all(pred, measurement())["depths"][0]
+    assert set(full["versions"]) == {"prediction", "measured-time"}
+
+
+def test_every_acceptance_is_scored_against_the_pooled_plain_decoding():
+    p = predict_from_artifacts(characterization(), TRACE, base(), version="prediction")
+    assert score_from_artifacts(p, measurement(plain=1e12)).k_star_measured == [0] * len(p.acceptance)
+    assert 0 not in score_from_artifacts(p, measurement(plain=1e-12)).k_star_measured

@@ -7,7 +7,7 @@ import math
 from fractions import Fraction as F
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from moespec.costmodel.bounds import (
@@ -25,15 +25,11 @@ from moespec.costmodel.bounds import (
 )
 from moespec.costmodel.steptime import memory_time, verify_time
 from moespec.costmodel.theory import best_draft_length, speedup, throughput
+from tests.costmodel.conftest import SETTINGS, acceptance, nonneg, pos, step_times
 
-SETTINGS = settings(max_examples=100, deadline=None)
-# rationals drawn as integer numerators over fixed denominators: st.fractions is ~10x slower
-pos = st.integers(1, 64).map(lambda n: F(n, 8)) | st.integers(1, 24).map(lambda n: F(n, 3))
-nonneg = st.integers(0, 64).map(lambda n: F(n, 8))
 eps_s = st.integers(0, 19).map(lambda n: F(n, 20))  # eps in [0, 0.95]
 small_eps = st.integers(0, 9).map(lambda n: F(n, 20))  # eps < 1/2
 unit = st.integers(-20, 20).map(lambda n: F(n, 20))  # e / eps in [-1, 1]
-acceptance = st.integers(0, 23).map(lambda n: F(n, 24))
 
 
 def _tau(t0, Dn, beta_D, E, beta, phi, e_D=0, e=0):
@@ -98,7 +94,7 @@ def _perturb(V, delta, signs):
 
 
 @SETTINGS
-@given(st.lists(pos, min_size=2, max_size=5), acceptance, small_eps, st.data())
+@given(step_times, acceptance, small_eps, st.data())
 def test_C4_C5_20_throughput_loss(V, a, delta, data):
     signs = data.draw(st.lists(unit, min_size=len(V), max_size=len(V)))
     V_hat = _perturb(V, delta, signs)
@@ -128,7 +124,7 @@ def test_20_loss_bound_nearly_attained():
 
 
 @SETTINGS
-@given(st.lists(pos, min_size=2, max_size=5), acceptance, small_eps, st.data())
+@given(step_times, acceptance, small_eps, st.data())
 def test_C6_21_speedup_bounds(V, a, delta, data):
     signs = data.draw(st.lists(unit, min_size=len(V), max_size=len(V)))
     V_hat = _perturb(V, delta, signs)

@@ -6,7 +6,7 @@ import itertools
 from fractions import Fraction as F
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from moespec.costmodel.dedup import (
@@ -27,13 +27,9 @@ from moespec.costmodel.dedup import (
 )
 from moespec.costmodel.steptime import verify_time
 from moespec.costmodel.theory import expected_tokens, first_draft_threshold, speedup, speedup_condition
+from tests.costmodel.conftest import SETTINGS, acceptance, nonneg, pos
 
-SETTINGS = settings(max_examples=100, deadline=None)
-# rationals drawn as integer numerators over fixed denominators: st.fractions is ~10x slower
-pos = st.integers(1, 64).map(lambda n: F(n, 8)) | st.integers(1, 24).map(lambda n: F(n, 3))
-nonneg = st.integers(0, 64).map(lambda n: F(n, 8))
 reuse = st.integers(0, 12).map(lambda n: F(n, 12))
-acceptance = st.integers(0, 23).map(lambda n: F(n, 24))
 
 
 @st.composite

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from moespec.costmodel.fit import ExpertFit
-from moespec.costmodel.predict import ACCEPTANCE_GRID, Prediction, crossover, predict, window_times
+from moespec.costmodel.predict import ACCEPTANCE_GRID, NonPositiveTime, Prediction, crossover, predict, window_times
 
 L, W, N_MAX, Q = 4, 4, 9, 2.0**-12  # layers, windows, largest pass size, time quantum (s)
 OUTSIDE = 0.125  # time outside the expert operation, constant in n unless a test adds growth
@@ -86,13 +86,13 @@ def test_bandwidth_errors_inside_eps_keep_the_true_saving_inside_the_band():
             assert p.S_lo[i] <= true_tau("slot", n) - true_tau("dedup", n) <= p.S_hi[i]
 
 
-def test_calibrated_version_takes_the_outside_growth_from_the_measured_slot_times():
+def test_calibrated_version_adds_the_growth_of_the_time_outside_the_operation():
     growth = 3 * Q  # attention and dense growth per extra token, invisible to the expert operation
     t_slot, t_dedup, h = inputs()
-    measured = {n: true_tau("slot", n, growth) for n in range(1, N_MAX + 1)}
-    kw = dict(t_slot=t_slot, t_dedup=t_dedup, tau1=measured[1], h=h, eps=0.05)
+    outside = {n: OUTSIDE + growth * (n - 1) for n in range(1, N_MAX + 1)}  # o(n), read inside the slot passes
+    kw = dict(t_slot=t_slot, t_dedup=t_dedup, tau1=true_tau("slot", 1), h=h, eps=0.05)
     plain = predict(**kw, version="measured-time")
-    cal = predict(**kw, version="calibrated", tau_slot_measured=measured)
+    cal = predict(**kw, version="calibrated", outside=outside)
     for i, n in enumerate(cal.n):
         assert cal.tau["slot"][i] == true_tau("slot", n, growth)
         assert cal.tau["dedup"][i] == true_tau("dedup", n, growth)
@@ -102,23 +102,21 @@ def test_calibrated_version_takes_the_outside_growth_from_the_measured_slot_time
 
 
 def test_calibrated_version_takes_the_growth_pass_by_pass_where_given():
-    """With o(n), the time outside the operation read inside each slot pass, g(n) = o(n) - o(1) as
-    it is, whatever the medians of the slot passes say: steps up and down included (a BLAS call
-    that runs faster at 8 rows than at 7), since o(n) of the split passes holds them, not noise."""
+    """g(n) = o(n) - o(1) as given, steps up and down included (a BLAS call that runs faster at 8
+    rows than at 7): o(n) of the split passes holds them, not noise."""
     t_slot, t_dedup, h = inputs()
-    measured = {n: true_tau("slot", n) * (1.1 if n % 2 else 0.9) for n in range(1, N_MAX + 1)}  # noisy medians
     quanta = dict(zip(range(1, N_MAX + 1), (0, 20, 31, 24, 25, 25, 30, 24, 29)))  # o(n) - o(1), with o(8) < o(7)
     outside = {n: 0.004 + x * Q for n, x in quanta.items()}
     kw = dict(t_slot=t_slot, t_dedup=t_dedup, tau1=true_tau("slot", 1), h=h, eps=0.05)
     plain = predict(**kw, version="measured-time")
-    cal = predict(**kw, version="calibrated", tau_slot_measured=measured, outside=outside)
+    cal = predict(**kw, version="calibrated", outside=outside)
     for p in ("slot", "dedup"):
         for i, n in enumerate(cal.n):
             assert cal.tau[p][i] == pytest.approx(plain.tau[p][i] + quanta[n] * Q, rel=1e-12)
     assert cal.S == pytest.approx(plain.S)
     with pytest.raises(ValueError, match="outside lacks n = \\[9\\]"):
-        predict(**kw, version="calibrated", tau_slot_measured=measured, outside={n: 0.0 for n in range(1, 9)})
-    with pytest.raises(ValueError, match="calibrated version only"):
+        predict(**kw, version="calibrated", outside={n: 0.0 for n in range(1, 9)})
+    with pytest.raises(ValueError, match="used by no other"):
         predict(**kw, version="measured-time", outside=outside)
 
 
@@ -195,7 +193,7 @@ def test_prediction_round_trips_through_json():
         (dict(eps=-0.1), "eps"),
         (dict(delta=-1.0), "delta"),
         (dict(version="guess"), "version"),
-        (dict(version="calibrated"), "tau_slot_measured"),
+        (dict(version="calibrated"), "outside"),
         (dict(h=[0.0] * 10), "h="),
         (dict(h=[0.0]), "kmax"),
         (dict(tau1=-1.0), "tau1"),
@@ -209,6 +207,18 @@ def test_bad_inputs_raise_with_the_offending_value(change, match):
     kw = dict(t_slot=t_slot, t_dedup=t_dedup, tau1=0.2, h=h, eps=0.05) | change
     with pytest.raises(ValueError, match=match):
         predict(**kw)
+
+
+def test_a_time_at_or_below_zero_is_its_own_error():
+    t_slot, t_dedup, h = inputs()
+    falling = {n: op_times("slot", N_MAX + 1 - n) for n in range(1, N_MAX + 1)}  # slot times fall by 3 Q per n
+    with pytest.raises(NonPositiveTime, match="τ̂_slot"):  # τ̂_slot(9) = Q + L (3 - 27) Q < 0
+        predict(t_slot=falling, t_dedup=t_dedup, tau1=Q, h=h, eps=0.0)
+    with pytest.raises(NonPositiveTime, match="positive"):
+        predict(t_slot=t_slot, t_dedup={n: -t for n, t in t_dedup.items()}, tau1=0.2, h=h, eps=0.0)
+    with pytest.raises(ValueError, match="finite") as e:  # a NaN is malformed, not merely unavailable
+        predict(t_slot=t_slot, t_dedup={n: t * np.nan for n, t in t_dedup.items()}, tau1=0.2, h=h, eps=0.0)
+    assert not isinstance(e.value, NonPositiveTime)
 
 
 @pytest.mark.parametrize("eps", [0.6, 1.0, 3.0])

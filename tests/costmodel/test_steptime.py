@@ -6,7 +6,7 @@ from fractions import Fraction as F
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from moespec.costmodel.steptime import (
@@ -22,11 +22,8 @@ from moespec.costmodel.steptime import (
     verify_time,
 )
 from moespec.costmodel.theory import best_draft_length, check_step_times
+from tests.costmodel.conftest import SETTINGS, nonneg, pos
 
-SETTINGS = settings(max_examples=100, deadline=None)
-# rationals drawn as integer numerators over fixed denominators: st.fractions is ~10x slower
-pos = st.integers(1, 256).map(lambda n: F(n, 16)) | st.integers(1, 48).map(lambda n: F(n, 3))
-nonneg = st.integers(0, 256).map(lambda n: F(n, 16))
 
 
 def test_5_dense_bytes():

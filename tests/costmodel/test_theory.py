@@ -6,7 +6,7 @@ from fractions import Fraction as F
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from moespec.costmodel.theory import (
@@ -30,12 +30,8 @@ from moespec.costmodel.theory import (
     throughput,
     two_neighbour_test,
 )
+from tests.costmodel.conftest import SETTINGS, acceptance, pos, step_times
 
-SETTINGS = settings(max_examples=100, deadline=None)
-# rationals drawn as integer numerators over fixed denominators: st.fractions is ~10x slower
-pos = st.integers(1, 96).map(lambda n: F(n, 12)) | st.integers(1, 56).map(lambda n: F(n, 7))
-step_times = st.lists(pos, min_size=2, max_size=5)
-acceptance = st.integers(0, 29).map(lambda n: F(n, 30)) | st.integers(0, 6).map(lambda n: F(n, 7))
 float_step_times = st.lists(st.floats(0.1, 100.0), min_size=2, max_size=6)
 
 GRID_V = [list(v) for kmax in (1, 2, 3) for v in itertools.product(range(1, 5), repeat=kmax + 1)]

@@ -5,19 +5,17 @@ Cost-model paper, Sec. 4–4.4 and App. E. `predict_from_artifacts` reads only
 - the characterization ("characterize" artifact): each characterized layer's fits (4)/(E.1), its
   measured operation times on windows of recorded routing, and ε;
 - the routing trace: the union U of every window of n consecutive tokens, per layer and n;
-- the *base* measurement: the verify times τ_p(n) (τ_meas(1) and, for the calibrated version,
-  τ_slot(n)), and h(k) from the payload's "h" section, which `moespec demo` fills from a short
-  oracle probe at an acceptance off the scored grid, before any scored sweep runs.
+- the *base* measurement: h(k) from its "h" section (the demo's oracle probe off the scored grid),
+  and the even-numbered repetitions of its verify passes (τ_meas(1), the operation timed between
+  passes, the passes' split); the odd-numbered ones are held out for the score (`repetition_half`).
 
-It never opens the measurement's oracle sweep, so a prediction can be written before the runs it is
-scored against exist. All MoE layers of one model share their widths, so a layer that was not
-characterized takes the fit (and the measured times) of the nearest characterized layer.
-
-`score_from_artifacts` then reads the sweep and calls `costmodel.score.score`.
+It never opens the measurement's oracle sweep. A layer that was not characterized takes the fit
+(and the measured times) of the nearest characterized layer: all MoE layers of a model share widths.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -25,10 +23,11 @@ import numpy as np
 
 from moespec import artifacts
 from moespec.bench.prompts import verified_depth
+from moespec.bench.versions import CalibratedOn, HSource, Unavailable, VersionUnavailable, WindowSource
 from moespec.bench.sweep_cells import baseline, cell_throughput, resample_throughput
 from moespec.bench.verify_times import VerifyTimes, pass_time
 from moespec.costmodel.fit import ExpertFit
-from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS, Prediction, predict, window_times
+from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS, NonPositiveTime, Prediction, predict, window_times
 from moespec.costmodel.score import Score, score
 from moespec.kernel_names import DEDUP, SLOT, TO_ENGINE
 from moespec.moe.traces import RoutingTrace
@@ -90,76 +89,96 @@ def _fits(char: Mapping[str, Any], kernel: str, source: list[int]) -> list[Exper
     return [ExpertFit.from_dict(_get(_get(char["fits"], c), kernel)) for c in source]
 
 
-def windows_source(char: Mapping[str, Any], depth: int) -> str:
-    """Which windows the measured-time version averages at `depth`: "verified" where the
-    characterization timed the verify passes' own windows at that depth (the paper's protocol,
-    Sec. 4), else "recorded" (windows of the corpus trace)."""
-    return "verified" if any(p.get("source") == "verified" and verified_depth(p.get("placement", "")) == depth
-                             for p in char.get("points", [])) else "recorded"
+def windows_source(char: Mapping[str, Any], depth: int) -> WindowSource:
+    """Which characterization windows the measured-time version averages at `depth`: the verify
+    passes' own where the characterization timed them at that depth (Sec. 4), else the corpus trace's."""
+    verified = any(p.get("source") == WindowSource.VERIFIED and verified_depth(p.get("placement", "")) == depth
+                   for p in char.get("points", []))
+    return WindowSource.VERIFIED if verified else WindowSource.RECORDED
 
 
-def _measured_times(char: Mapping[str, Any], source: list[int], ns: list[int],
-                    depth: int | None = None) -> dict[str, dict] | str:
-    """{"slot": {n: [L]}, "dedup": {n: [L]}}: each layer's mean measured time on its windows (the
-    characterized source layer's), or the reason the measured-time version is unavailable. The
-    windows are those of the verified text at `depth` where timed, else the recorded ones."""
-    kind = "recorded" if depth is None else windows_source(char, depth)
+def _measured_times(char: Mapping[str, Any], source: list[int], ns: list[int], depth: int,
+                    kind: WindowSource) -> dict[str, dict]:
+    """{"slot": {n: [L]}, "dedup": {n: [L]}}: each layer's mean time on the characterization's
+    `kind` windows (the characterized source layer's)."""
     times: dict[tuple, list[float]] = {}
     for p in char.get("points", []):
-        if p.get("source") == kind and (kind == "recorded" or verified_depth(p["placement"]) == depth):
+        if p.get("source") == kind and (kind == WindowSource.RECORDED or verified_depth(p["placement"]) == depth):
             times.setdefault((int(p["layer"]), p["kernel"], int(p["n"])), []).append(float(p["timing"]["median"]))
     out: dict[str, dict] = {"slot": {}, "dedup": {}}
     for kernel, sizes in (("slot", ns), ("dedup", [n for n in ns if n >= 2])):
         for n in sizes:
             missing = [c for c in sorted(set(source)) if (c, kernel, n) not in times]
             if missing:
-                return (f"the characterization has no {kernel} times on recorded windows at n = {n} for "
-                        f"layer(s) {missing}; run `moespec characterize` with windows >= 1")
+                raise VersionUnavailable(Unavailable.NO_OPERATION_TIMES, (
+                    f"no {kernel} operation times on {kind} windows at n = {n} for layer(s) {missing}, and none "
+                    "timed between the verify passes; run `moespec characterize` with windows >= 1"))
             out[kernel][n] = [float(np.mean(times[(c, kernel, n)])) for c in source]
     return out
 
 
-def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -> dict[str, Any]:
-    """What predict takes from the measurement: τ_p(n), τ_meas(1) and h(k) at one depth.
+def repetition_half(times: VerifyTimes, half: str) -> VerifyTimes:
+    """The even-numbered repetitions r = 0, 2, ... ("fit": what predict reads) or the odd-numbered
+    ones ("holdout": what score checks against) of every sample, op and inside array. Repetition r
+    verifies a window stride*r tokens in, so the two halves time different windows."""
+    if half not in ("fit", "holdout"):
+        raise ValueError(f"half={half!r}; choose 'fit' or 'holdout'")
+    groups = [g for g in (times.samples, times.ops, times.inside) if g]
+    reps = min(a.shape[1] for g in groups for by_n in g.values() for a in by_n.values())
+    if reps < 2:
+        raise ValueError(f"the verify times at depth {times.depth} hold {reps} repetition(s) per prompt; measure "
+                         "with reps >= 2, so that predict and score read different repetitions")
+    start = 0 if half == "fit" else 1
 
-    Reads the "verify" section and the "h" section ({depth: {k: seconds}}) only.
-    """
-    verify = {int(v["depth"]): v for v in measurement_base.get("verify", [])}
+    def pick(g):  # {kernel: {n: [P, R, ...]}} -> every second repetition from `start`; None stays None
+        return {p: {n: a[:, start::2] for n, a in by_n.items()} for p, by_n in g.items()} if g else g
+
+    return replace(times, samples=pick(times.samples), ops=pick(times.ops), inside=pick(times.inside))
+
+
+def _verify_at(measurement: Mapping[str, Any], depth: int | None) -> VerifyTimes:
+    """The verify times at `depth` (default: the smallest measured)."""
+    verify = {int(v["depth"]): v for v in measurement.get("verify", [])}
     if not verify:
         raise ValueError("the measurement has no verify times; run `moespec measure` (or the demo's base phase)")
     depth = min(verify) if depth is None else int(depth)
     if depth not in verify:
         raise ValueError(f"the measurement has no verify times at depth {depth}; it has {sorted(verify)}")
+    return VerifyTimes.from_dict(verify[depth])
+
+
+def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -> dict[str, Any]:
+    """What predict takes from the base measurement at one depth: h(k) from its "h" section
+    ({depth: {k: seconds}}), and from the fit half of its verify repetitions (`repetition_half`)
+    the pass sizes, τ_meas(1), the operation times between passes and the passes' split."""
+    times = repetition_half(_verify_at(measurement_base, depth), "fit")
     h_all = measurement_base.get("h")
-    if not h_all or str(depth) not in {str(k) for k in h_all}:
-        raise ValueError(f"the measurement has no h(k) at depth {depth}; write the base measurement with "
-                         "`moespec demo` (its h probe) or add an \"h\" section {depth: {k: seconds}}")
-    h = _get(h_all, depth)
+    if not h_all or str(times.depth) not in {str(k) for k in h_all}:
+        raise VersionUnavailable(Unavailable.NO_H, (
+            f"the measurement has no h(k) at depth {times.depth}; write the base measurement with `moespec demo` "
+            "(its h probe) or add an \"h\" section {depth: {k: seconds}}"))
+    h = _get(h_all, times.depth)
     ks = sorted(int(k) for k in h)
     if ks != list(range(len(ks))):
-        raise ValueError(f"h(k) at depth {depth} has k = {ks}; give every k = 0..kmax")
-    v = verify[depth]
-    tau = {p: {int(n): float(t) for n, t in v["tau"][TO_ENGINE[p]].items()}
-           for p in ("slot", "dedup") if TO_ENGINE[p] in v["tau"]}
-    out = {"depth": depth, "tau": tau, "tau1": float(v["tau_meas_1"]), "h": [float(_get(h, k)) for k in ks]}
-    times = VerifyTimes.from_dict(v)
+        raise ValueError(f"h(k) at depth {times.depth} has k = {ks}; give every k = 0..kmax")
+    out = {"depth": times.depth, "ns": sorted(times.samples.get(SLOT, {})), "tau1": times.tau_meas_1,
+           "h": [float(_get(h, k)) for k in ks]}
     if times.ops:  # the verified windows' operation, timed between the verify passes
-        out["ops"] = {p: {n: t.tolist() for n, t in times.op_times(TO_ENGINE[p]).items()}
-                      for p in ("slot", "dedup")}
+        out["ops"] = {p: {n: t.tolist() for n, t in times.op_times(TO_ENGINE[p]).items()} for p in ("slot", "dedup")}
         out["op_layers"] = list(times.op_layers)
-    if times.inside and SLOT in times.inside and SLOT in times.samples:
-        # pass by pass, for the calibrated version's time outside the operation (`_outside`)
+    if times.inside and SLOT in times.inside:  # pass by pass: the time outside the operation (`_outside`)
         out["slot_outside"] = {n: times.samples[SLOT][n] - times.inside[SLOT][n] for n in times.ns}
     return out
 
 
-def _outside(base: Mapping[str, Any], ns: list[int]) -> dict[int, float] | None:
-    """o(n): over the per-slot verify passes, each pass's time minus the time it spent inside its
-    experts modules, summarized as the verify times are (`bench.verify_times.pass_time`); None where the
-    base measurement did not split its passes."""
+def _outside(base: Mapping[str, Any], ns: list[int]) -> dict[int, float]:
+    """o(n): over the per-slot verify passes, each pass's time minus its time inside the experts
+    modules, summarized as the verify times are (`bench.verify_times.pass_time`)."""
     split = base.get("slot_outside", {})
     if not set(ns) <= set(split):
-        return None
+        raise VersionUnavailable(Unavailable.NO_PASS_SPLIT, (
+            f"the base measurement's per-slot passes at depth {base['depth']} hold no time inside their experts "
+            "modules; measure them again with this moespec (`moespec measure` or `moespec demo`)"))
     return {n: pass_time(split[n]) for n in ns}
 
 
@@ -173,38 +192,65 @@ def _between_passes(base: Mapping[str, Any], source: list[int], ns: list[int]) -
     return {p: {n: [ops[p][n][i] for i in pick] for n in (ns if p == "slot" else ns[1:])} for p in ("slot", "dedup")}
 
 
-def _windows_used(char: Mapping[str, Any], trace: RoutingTrace, base: Mapping[str, Any], depth: int) -> str:
-    """Which operation times the measured-time version takes at `depth` (`_operation_inputs`)."""
-    try:
-        inputs = base_inputs(base, depth)
-    except ValueError:
-        return windows_source(char, depth)
-    ns = sorted(inputs.get("ops", {}).get("slot", {}))
-    if _between_passes(inputs, nearest_layers(char["layers"], trace.num_layers), ns):
-        return "verified, timed between the verify passes"
-    return windows_source(char, depth)
+def _measured_inputs(char: Mapping[str, Any], trace: RoutingTrace, base: Mapping[str, Any],
+                     ns: list[int]) -> tuple[dict[str, dict], WindowSource]:
+    """The measured-time version's operation times, and where they come from: timed between the
+    base measurement's passes where it did, else by the characterization."""
+    source = nearest_layers(char["layers"], trace.num_layers)
+    between = _between_passes(base, source, ns)
+    if between:
+        return between, WindowSource.BETWEEN_PASSES
+    kind = windows_source(char, base["depth"])
+    return _measured_times(char, source, ns, base["depth"], kind), kind
 
 
-def _operation_inputs(char: Mapping[str, Any], trace: RoutingTrace, ns: list[int], measured: bool, depth: int,
-                      base: Mapping[str, Any] | None = None):
-    """(t_slot, t_dedup) for `predict`: fits at every recorded window's bytes, or measured times: those
-    the base measurement took between its passes where it did, else the characterization's."""
-    L, m = trace.num_layers, trace.top_k
-    source = nearest_layers(char["layers"], L)
-    if measured:
-        got = _between_passes(base or {}, source, ns) or _measured_times(char, source, ns, depth)
-        if isinstance(got, str):
-            return got
-        return got["slot"], got["dedup"]
+def _fit_times(char: Mapping[str, Any], trace: RoutingTrace, ns: list[int]) -> dict[str, dict]:
+    """The prediction's operation times: each layer's fit at every recorded window's bytes."""
+    source = nearest_layers(char["layers"], trace.num_layers)
     fits = {k: _fits(char, k, source) for k in ("slot", "dedup")}
-    w = list(trace.expert_bytes)
-    t_slot, t_dedup = {}, {}
+    w, m = list(trace.expert_bytes), trace.top_k
+    out: dict[str, dict] = {"slot": {}, "dedup": {}}
     for n in ns:
         U = window_unions(trace, n)
-        t_slot[n] = window_times(fits["slot"], U, n, m, w)
-        if n >= 2:
-            t_dedup[n] = window_times(fits["dedup"], U, n, m, w)
-    return t_slot, t_dedup
+        for kernel in ("slot", "dedup") if n >= 2 else ("slot",):
+            out[kernel][n] = window_times(fits[kernel], U, n, m, w)
+    return out
+
+
+def _predict(char: Mapping[str, Any], trace: RoutingTrace, measurement_base: Mapping[str, Any], version: str,
+             depth: int | None, acceptance: Sequence[float]) -> tuple[Prediction, dict[str, Any]]:
+    """One version and what it was built from ({"measured_time_windows": ..., "calibrated_on": ...})."""
+    if version not in VERSIONS:
+        raise ValueError(f"version={version!r}; choose one of {VERSIONS}")
+    base = base_inputs(measurement_base, depth)
+    both = {int(n) for n in char["n"]} & set(base["ns"])
+    ns = []
+    while len(ns) + 1 in both:
+        ns.append(len(ns) + 1)
+    if len(ns) < 2:
+        raise VersionUnavailable(Unavailable.TOO_FEW_PASS_SIZES, (
+            f"pass sizes shared by the characterization and the verify times: {ns}; need 1..n_max >= 2"))
+    made_of: dict[str, Any] = {}
+    if version == "prediction":
+        ops = _fit_times(char, trace, ns)
+    else:
+        try:
+            ops, made_of["measured_time_windows"] = _measured_inputs(char, trace, base, ns)
+            on = CalibratedOn.MEASURED_TIME
+        except VersionUnavailable:
+            if version == "measured-time":
+                raise
+            ops, on = _fit_times(char, trace, ns), CalibratedOn.PREDICTION
+    outside = None
+    if version == "calibrated":
+        outside = _outside(base, ns)
+        made_of["calibrated_on"] = on
+    try:
+        p = predict(t_slot=ops["slot"], t_dedup=ops["dedup"], tau1=base["tau1"], h=base["h"][: ns[-1]],
+                    eps=engine_eps(char), version=version, outside=outside, acceptance=acceptance)
+    except NonPositiveTime as e:
+        raise VersionUnavailable(Unavailable.NONPOSITIVE_TIME, str(e)) from e
+    return p, made_of
 
 
 def predict_from_artifacts(
@@ -219,41 +265,17 @@ def predict_from_artifacts(
     """One version of the prediction (22) from the chain's artifacts (Sec. 4).
 
     version: "prediction" (each characterized layer's fit at the union bytes of every recorded
-    window, eq. (4)/(E.1)), "measured-time" (each layer's measured operation time on the windows the
-    verify passes at this depth verified: timed between those passes where the base measurement did,
-    else by the characterization where it timed them, else on its recorded windows) or "calibrated"
-    (the measured-time version, or the prediction where no measured times exist, plus the growth
-    with n of the time outside the expert operation from the per-slot verify passes: pass by pass
-    where the passes were split into the time inside their experts modules and the rest,
-    `costmodel.predict._calibrate`).
-    Uncharacterized layers take the nearest characterized layer's fit and times: all MoE layers of
-    a model share their widths.
+    window, eq. (4)/(E.1)), "measured-time" (each layer's measured operation time on the verified
+    windows: timed between the base measurement's passes where it did, else by the characterization,
+    else on its recorded windows) or "calibrated" (the measured-time version, or the prediction where
+    no measured times exist, plus g(n) read inside the per-slot verify passes, `costmodel.predict._calibrate`).
+    Uncharacterized layers take the nearest characterized layer's fit and times.
     depth: the context depth of the verify times and h(k) (default: the smallest measured).
-    Raises ValueError naming the missing input when a version cannot be computed.
+    Raises VersionUnavailable (with its `Unavailable` reason) when the artifacts cannot give `version`.
     """
-    if version not in VERSIONS:
-        raise ValueError(f"version={version!r}; choose one of {VERSIONS}")
     char = payload_of(characterization, "characterize")
     trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
-    base = base_inputs(payload_of(measurement_base, "measure"), depth)
-    both = {int(n) for n in char["n"]} & set(base["tau"].get("slot", {}))
-    ns = []
-    while len(ns) + 1 in both:
-        ns.append(len(ns) + 1)
-    if len(ns) < 2:
-        raise ValueError(f"pass sizes shared by the characterization and the verify times: {ns}; need 1..n_max >= 2")
-    ops = _operation_inputs(char, trace, ns, measured=version != "prediction", depth=base["depth"], base=base)
-    if isinstance(ops, str):
-        if version == "measured-time":
-            raise ValueError(ops)
-        ops = _operation_inputs(char, trace, ns, measured=False, depth=base["depth"])
-    h = base["h"][: ns[-1]]
-    calibrated = version == "calibrated"
-    outside = _outside(base, ns) if calibrated else None  # read inside the per-slot passes
-    return predict(
-        t_slot=ops[0], t_dedup=ops[1], tau1=base["tau1"], h=h, eps=engine_eps(char), version=version,
-        tau_slot_measured=base["tau"]["slot"] if calibrated else None, outside=outside, acceptance=acceptance,
-    )
+    return _predict(char, trace, payload_of(measurement_base, "measure"), version, depth, acceptance)[0]
 
 
 def engine_eps(char: Mapping[str, Any]) -> float:
@@ -263,30 +285,27 @@ def engine_eps(char: Mapping[str, Any]) -> float:
 
 def predict_all(characterization, traces, measurement_base, *, acceptance: Sequence[float] = ACCEPTANCE_GRID,
                 sources: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Every version at every measured depth: the "predict" payload, with the reason for any gap."""
+    """Every version at every measured depth: the "predict" payload. An unavailable version's entry
+    is `VersionUnavailable.to_dict()`; its provenance fields are `bench.versions` enum values."""
     char = payload_of(characterization, "characterize")
     trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
     base = payload_of(measurement_base, "measure")
     depths = []
     for v in base.get("verify", []):
-        d = int(v["depth"])
-        entry: dict[str, Any] = {"depth": d, "versions": {}, "unavailable": {},
-                                 "measured_time_windows": _windows_used(char, trace, base, d)}
+        entry: dict[str, Any] = {"depth": int(v["depth"]), "versions": {}, "unavailable": {}}
         for version in VERSIONS:
             try:
-                entry["versions"][version] = predict_from_artifacts(
-                    char, trace, base, version=version, depth=d, acceptance=acceptance).to_dict()
-            except ValueError as e:
-                entry["unavailable"][version] = str(e)
-        if "calibrated" in entry["versions"]:
-            entry["calibrated_on"] = "measured-time" if "measured-time" in entry["versions"] else "prediction"
-            split = "slot_outside" in base_inputs(base, d)
-            entry["calibrated_growth"] = ("pass by pass: each per-slot pass minus its time inside the experts "
-                                          "modules" if split else "tau_slot(n) minus the measured-time version's")
+                p, made_of = _predict(char, trace, base, version, entry["depth"], acceptance)
+            except VersionUnavailable as e:
+                entry["unavailable"][version] = e.to_dict()
+                continue
+            entry["versions"][version] = p.to_dict()
+            entry.update(made_of)
         depths.append(entry)
     if not depths:
         raise ValueError("the measurement has no verify times; run the base measurement first")
-    return {"model": base.get("model"), "sources": dict(sources or {}), "h_source": base.get("h_source", ""),
+    return {"model": base.get("model"), "sources": dict(sources or {}),
+            "h_source": HSource(base.get("h_source", HSource.GIVEN)),
             "characterized_layers": list(char["layers"]), "trace_layers": trace.num_layers,
             "eps": char["eps"], "eps_characterized": engine_eps(char),
             "bounds_vacuous": engine_eps(char) >= EPS_VACUOUS, "depths": depths}
@@ -296,14 +315,17 @@ def _oracle_entry(measurement: Mapping[str, Any], kernel: str, depth: int) -> di
     for e in measurement.get("oracle", []):
         if e["kernel"] == kernel and int(e["depth"]) == depth:
             return e
-    raise ValueError(f"the measurement has no oracle sweep with {kernel} at depth {depth}; "
-                     "run the sweep phase (`moespec measure` or `moespec demo`)")
+    raise VersionUnavailable(Unavailable.NO_SWEEP, (
+        f"the measurement has no oracle sweep with {kernel} at depth {depth}; run the sweep phase "
+        "(`moespec measure` or `moespec demo`)"))
 
 
 def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement: str | Path | Mapping[str, Any], *,
                          depth: int | None = None, kernel: str = "dedup", resamples: int = 1000) -> Score:
     """Score one prediction version against the measurement's verify times and oracle sweep at `depth`.
 
+    The verify times, S(n) and its interval come from the held-out repetitions (`repetition_half`),
+    which the prediction did not read; the in-sample errors from the fit half, which it did.
     kernel: the scored kernel ("dedup" or "slot"); its sweep gives the throughput T(k, a) on the
     prediction's acceptance grid, at k = 0 plain decoding's pooled over every acceptance
     (`bench.sweep_cells.baseline`), and the measured step times V(k).
@@ -313,12 +335,9 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
     if not isinstance(prediction, Prediction):
         prediction = Prediction.from_dict(prediction)
     meas = payload_of(measurement, "measure")
-    verify = {int(v["depth"]): v for v in meas.get("verify", [])}
-    depth = min(verify) if depth is None else int(depth)
-    if depth not in verify:
-        raise ValueError(f"the measurement has no verify times at depth {depth}; it has {sorted(verify)}")
-    v = verify[depth]
-    entry = _oracle_entry(meas, TO_ENGINE[kernel], depth)
+    times = _verify_at(meas, depth)
+    held, fit = repetition_half(times, "holdout"), repetition_half(times, "fit")
+    entry = _oracle_entry(meas, TO_ENGINE[kernel], times.depth)
     ks = list(range(prediction.kmax + 1))
     cells = {(int(c["k"]), None if c["a"] is None else round(float(c["a"]), 6)): c for c in entry["cells"]}
     grid = []
@@ -327,7 +346,8 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
         for k in ks:
             c = baseline(entry, a) if k == 0 else cells.get((k, round(float(a), 6)))  # k = 0: plain decoding
             if c is None:
-                raise ValueError(f"the oracle sweep lacks k={k}, a={a}; sweep k = 0..{ks[-1]} at every a of the grid")
+                raise VersionUnavailable(Unavailable.NO_SWEEP, (
+                    f"the oracle sweep lacks k={k}, a={a}; sweep k = 0..{ks[-1]} at every a of the grid"))
             row.append(c)
         grid.append(row)
     T = [[cell_throughput(c) for c in row] for row in grid]
@@ -335,17 +355,17 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
     T_b = None
     if resamples and all(c.get("run_steps") for c in flat):
         T_b = resample_throughput(flat, resamples).reshape(resamples, len(grid), len(ks))
-    savings = {int(s["n"]): s for s in v["saving"]}
+    savings = held.savings()
     return score(
-        prediction, tau_slot=v["tau"][SLOT], tau_dedup=v["tau"][DEDUP],
-        S_lo={n: s["lo"] for n, s in savings.items()}, S_hi={n: s["hi"] for n, s in savings.items()},
-        S={n: s["point"] for n, s in savings.items()}, throughput=T,
+        prediction, tau_slot=held.tau(SLOT), tau_dedup=held.tau(DEDUP), tau_slot_in_sample=fit.tau(SLOT),
+        tau_dedup_in_sample=fit.tau(DEDUP), S_lo={s.n: s.lo for s in savings}, S_hi={s.n: s.hi for s in savings},
+        S={s.n: s.point for s in savings}, throughput=T,
         V=[float(_get(entry["V"], k)) for k in ks], kernel=kernel, throughput_resamples=T_b,
     )
 
 
 def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str = "dedup") -> dict[str, Any]:
-    """Every available version at every depth scored: the "score" payload."""
+    """Every available version at every depth scored: the "score" payload, unavailable entries as in predict's."""
     meas = payload_of(measurement, "measure")
     pred = payload_of(prediction_payload, KIND)
     out = []
@@ -353,8 +373,9 @@ def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str
         scored: dict[str, Any] = {"depth": entry["depth"], "versions": {}, "unavailable": dict(entry["unavailable"])}
         for version, p in entry["versions"].items():
             try:
-                scored["versions"][version] = score_from_artifacts(p, meas, depth=entry["depth"], kernel=kernel).to_dict()
-            except ValueError as e:
-                scored["unavailable"][version] = str(e)
+                scored["versions"][version] = score_from_artifacts(p, meas, depth=entry["depth"],
+                                                                   kernel=kernel).to_dict()
+            except VersionUnavailable as e:
+                scored["unavailable"][version] = e.to_dict()
         out.append(scored)
     return {"model": pred.get("model"), "kernel": kernel, "depths": out}

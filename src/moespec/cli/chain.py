@@ -12,6 +12,7 @@ from rich.table import Table
 
 from moespec import artifacts
 from moespec.cli.app import app
+from moespec.kernel_names import COST_DEDUP, COST_KERNELS
 from moespec.pipeline import DemoConfig
 
 _DEMO_MEASURE = DemoConfig().measure  # the defaults the options' help quotes
@@ -26,13 +27,14 @@ def _prediction_table(payload: dict) -> Table:
             table.add_row(str(entry["depth"]), version, str(p["crossover"] or "none"), " ".join(map(str, k)),
                           f"{max(p['speedup']['dedup']):.3f}x")
         for version, why in entry["unavailable"].items():
-            table.add_row(str(entry["depth"]), version, "—", f"unavailable: {why}", "—")
+            why = f"unavailable ({why['reason']}): {why['message']}"
+            table.add_row(str(entry["depth"]), version, "—", why, "—")
     return table
 
 
 def _score_table(payload: dict) -> Table:
-    table = Table("d", "version", "crossover pred/meas", "k* within one", "max loss", "τ error", "δ", "rules passed",
-                  title=f"score, {payload.get('model')} ({payload.get('kernel')} kernel)")
+    table = Table("d", "version", "crossover pred/meas", "k* within one", "max loss", "τ error held out / in sample",
+                  "δ", "rules passed", title=f"score, {payload.get('model')} ({payload.get('kernel')} kernel)")
     for entry in payload["depths"]:
         for version, s in entry["versions"].items():
             within = sum(abs(p - m) <= 1 for p, m in zip(s["k_star_predicted"], s["k_star_measured"]))
@@ -40,7 +42,8 @@ def _score_table(payload: dict) -> Table:
             table.add_row(str(entry["depth"]), version,
                           f"{s['crossover_predicted'] or 'none'} / {s['crossover_measured'] or 'none'}",
                           f"{within}/{len(s['acceptance'])}", f"{100 * max(s['loss']):.1f}%",
-                          f"{100 * s['tau_error']:.1f}%", f"{s['delta']:.3f}", f"{passed}/{len(s['rules'])}")
+                          f"{100 * s['tau_error']:.1f}% / {100 * s['tau_error_in_sample']:.1f}%", f"{s['delta']:.3f}",
+                          f"{passed}/{len(s['rules'])}")
     return table
 
 
@@ -70,13 +73,13 @@ def score_command(
     prediction: Path = typer.Option(..., "--prediction", help="predict artifact"),
     measurement: Path = typer.Option(..., "--measurement", help="measure artifact with the oracle sweep"),
     out: Path = typer.Option(Path("score.json"), "--out", help="where to write the score"),
-    kernel: str = typer.Option("dedup", help="the scored kernel: dedup or slot"),
+    kernel: str = typer.Option(COST_DEDUP, help=f"the scored kernel: one of {COST_KERNELS}"),
 ) -> None:
     """Score the prediction against the measurement: Tables 3, 4, 7 and the rules of Table 8."""
     from moespec.bench.prediction import KIND, SCORE_KIND, score_all
 
-    if kernel not in ("dedup", "slot"):
-        raise typer.BadParameter(f"--kernel {kernel!r}; use dedup or slot")
+    if kernel not in COST_KERNELS:
+        raise typer.BadParameter(f"--kernel {kernel!r}; use one of {COST_KERNELS}")
     try:
         payload = score_all(artifacts.load(prediction, KIND), measurement, kernel=kernel)
     except (ValueError, FileNotFoundError) as e:

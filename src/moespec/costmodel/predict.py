@@ -10,7 +10,7 @@ the time per step outside the verify pass. Nothing comes from a speculative run.
 t̄_l(1) is the per-slot kernel's one-token time, because the engine runs that kernel at n = 1 with
 deduplication off and on (the paper's one correction after comparing with measurements). The
 *calibrated version* adds g(n), the growth with n of the time outside the expert operation, read
-from the measured verify times with deduplication off (`_calibrate`). From τ̂ follow the saving Ŝ(n) with the band
+inside the per-slot verify passes (`_calibrate`). From τ̂ follow the saving Ŝ(n) with the band
 of (18), the crossover (Sec. 2), V̂(k) = τ̂_p(k+1) + h(k), k̂*(a), the speedup and (20)–(21).
 """
 
@@ -31,12 +31,18 @@ from moespec.costmodel.bounds import (
 )
 from moespec.costmodel.steptime import step_times
 from moespec.costmodel.theory import best_draft_length, check_positive, first_draft_threshold, speedup, step_points
+from moespec.kernel_names import COST_AUTO, COST_DEDUP, COST_KERNELS, COST_SLOT
 
 # The paper's grid (Sec. 4, App. D.2): 11 acceptance values from 0.2 to 0.98.
 ACCEPTANCE_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
 VERSIONS = ("prediction", "measured-time", "calibrated")
 # "auto" runs, at each pass size, the kernel that the prediction says is faster.
-KERNELS = ("slot", "dedup", "auto")
+KERNELS = (*COST_KERNELS, COST_AUTO)
+
+
+class NonPositiveTime(ValueError):
+    """An operation or predicted verify time <= 0: these inputs (a fit extrapolated below zero, say)
+    cannot give this version, though nothing is malformed."""
 
 
 def layer_means(t_op: Any) -> np.ndarray:
@@ -52,8 +58,10 @@ def layer_means(t_op: Any) -> np.ndarray:
         arr = arr.mean(axis=1)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"operation times must have shape [L, W] or [L] with L >= 1, got {arr.shape}")
-    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-        raise ValueError(f"operation times must be finite and positive seconds, got {arr.tolist()}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"operation times must be finite seconds, got {arr.tolist()}")
+    if np.any(arr <= 0):
+        raise NonPositiveTime(f"operation times must be positive seconds, got {arr.tolist()}")
     return arr
 
 
@@ -84,38 +92,17 @@ def _operation_times(t_slot: Mapping[Any, Any], t_dedup: Mapping[Any, Any]) -> d
     if len(dedup[2]) != len(slot[1]):
         raise ValueError(f"t_dedup has {len(dedup[2])} layers, t_slot {len(slot[1])}; give the same layers")
     dedup.setdefault(1, slot[1])
-    return {"slot": slot, "dedup": dict(sorted(dedup.items()))}
+    return {COST_SLOT: slot, COST_DEDUP: dict(sorted(dedup.items()))}
 
 
-def _calibrate(tau: dict[str, list[float]], ns: list[int], tau_slot_measured: Mapping[Any, float],
-               outside: Mapping[Any, float] | None = None) -> dict:
-    """The calibrated version: add g(n), the growth with n of the time outside the expert operation
-    (attention, dense layers, logits), to both kernels' (22). It cancels in the saving and stays in
-    the verify time.
-
-    With `outside` ({n: o(n)}: over the verify passes with deduplication off, each pass's time
-    minus the time it spent inside its experts modules (`bench.verify.time_passes`), summarized as
-    the verify times are), g(n) = o(n) − o(1), taken as it is. Both parts come from the same pass,
-    so o(n) carries neither the per-slot operation's variation nor a second timing's, and it holds
-    the steps that the dense layers' BLAS calls make with the pass's rows (qwen3moe-shaped: o(8)
-    5-7 ms below o(7) and o(9); the deduplicated passes' own o(n) matches it within 2 ms at every
-    n; BENCHMARKS.md, "The time outside the operation, read inside the pass"). Without `outside`,
-    g(n) = τ_slot(n) measured − τ̂_slot(n), the difference of two medians, which also carries the
-    fits' error, taken as it is.
-    """
-    if outside is not None:
-        o = {int(n): float(t) for n, t in outside.items()}
-        missing = [n for n in ns if n not in o]
-        if missing:
-            raise ValueError(f"outside lacks n = {missing}; give o(n) at every n = 1..{ns[-1]}")
-        g = [o[n] - o[1] for n in ns]
-    else:
-        measured = {int(n): float(t) for n, t in tau_slot_measured.items()}
-        missing = [n for n in ns if n not in measured]
-        if missing:
-            raise ValueError(f"tau_slot_measured lacks n = {missing}; give the measured verify time at every "
-                             f"n = 1..{ns[-1]}")
-        g = [measured[n] - tau["slot"][i] for i, n in enumerate(ns)]
+def _calibrate(tau: dict[str, list[float]], ns: list[int], outside: Mapping[Any, float]) -> dict:
+    """The calibrated version: add g(n) = o(n) − o(1) to both kernels' (22), o(n) the per-slot passes'
+    time outside their experts modules (attention, dense layers, logits). It cancels in the saving."""
+    o = {int(n): float(t) for n, t in outside.items()}
+    missing = [n for n in ns if n not in o]
+    if missing:
+        raise ValueError(f"outside lacks n = {missing}; give o(n) at every n = 1..{ns[-1]}")
+    g = [o[n] - o[1] for n in ns]
     return {p: [t + gi for t, gi in zip(tau[p], g)] for p in tau}
 
 
@@ -237,7 +224,6 @@ def predict(
     h: Sequence[float],
     eps: float,
     version: str = "prediction",
-    tau_slot_measured: Mapping[Any, float] | None = None,
     outside: Mapping[Any, float] | None = None,
     delta: float | None = None,
     acceptance: Sequence[float] = ACCEPTANCE_GRID,
@@ -251,21 +237,16 @@ def predict(
     h: [kmax+1] time per step outside the verify pass, k = 0..kmax (kmax + 1 <= n_max).
     eps: the engine's bandwidth error ε (the larger of its two kernels'), for the band of (18).
     version: "prediction" (fit times), "measured-time" (measured times) or "calibrated".
-    tau_slot_measured: {n: τ_slot(n)} measured verify times with deduplication off, n = 1..n_max;
-        required by, and only by, the calibrated version.
-    outside: {n: o(n)}, n = 1..n_max, the calibrated version's time outside the expert operation,
-        read inside the per-slot passes (`_calibrate`); where given, g(n) comes from it instead of
-        tau_slot_measured.
+    outside: {n: o(n)}, n = 1..n_max, the time outside the expert operation read inside the per-slot
+        passes (`_calibrate`); required by, and only by, the calibrated version.
     delta: δ of (20)–(21); default ε/(1−ε) from (C.7).
     """
     if version not in VERSIONS:
         raise ValueError(f"version={version!r}; choose one of {VERSIONS}")
-    if (version == "calibrated") != (tau_slot_measured is not None):
-        given = "given" if tau_slot_measured is not None else None
-        raise ValueError("tau_slot_measured is required by the calibrated version and used by no other; "
-                         f"got version={version!r} with tau_slot_measured={given}")
-    if outside is not None and version != "calibrated":
-        raise ValueError(f"outside is used by the calibrated version only; got version={version!r}")
+    if (version == "calibrated") != (outside is not None):
+        given = "given" if outside is not None else None
+        raise ValueError("outside is required by the calibrated version and used by no other; "
+                         f"got version={version!r} with outside={given}")
     eps = float(check_positive("eps", eps, allow_zero=True))  # eps >= 1 is allowed: its bounds are vacuous
     if delta is None:
         delta = math.inf if eps >= 1 else float(delta_from_eps(eps))
@@ -276,28 +257,31 @@ def predict(
     if not (math.isfinite(tau1) and tau1 > 0):
         raise ValueError(f"tau1={tau1} must be a positive time in seconds")
     t_bar = _operation_times(t_slot, t_dedup)
-    ns = list(t_bar["slot"])
+    ns = list(t_bar[COST_SLOT])
     n_max = ns[-1]
     h = [float(x) for x in h]
     if not 2 <= len(h) <= n_max or any(not math.isfinite(x) or x < 0 for x in h):
         raise ValueError(f"h={h} must hold finite non-negative times at k = 0..kmax, "
                          f"1 <= kmax <= n_max - 1 = {n_max - 1}")
 
-    M = {p: [float(t_bar[p][n].sum()) for n in ns] for p in ("slot", "dedup")}
-    tau = {p: [tau1 + float(np.sum(t_bar[p][n] - t_bar["slot"][1])) for n in ns] for p in ("slot", "dedup")}
-    if tau_slot_measured is not None:
-        tau = _calibrate(tau, ns, tau_slot_measured, outside)
-    tau["auto"] = [min(s, d) for s, d in zip(tau["slot"], tau["dedup"])]
+    M = {p: [float(t_bar[p][n].sum()) for n in ns] for p in COST_KERNELS}
+    tau = {p: [tau1 + float(np.sum(t_bar[p][n] - t_bar[COST_SLOT][1])) for n in ns] for p in COST_KERNELS}
+    if outside is not None:
+        tau = _calibrate(tau, ns, outside)
+    low = [(p, n, t) for p in tau for n, t in zip(ns, tau[p]) if t <= 0]
+    if low:
+        raise NonPositiveTime(f"the predicted verify time τ̂_{low[0][0]}({low[0][1]}) = {low[0][2]} s is <= 0")
+    tau[COST_AUTO] = [min(s, d) for s, d in zip(tau[COST_SLOT], tau[COST_DEDUP])]
 
-    S = [s - d for s, d in zip(tau["slot"], tau["dedup"])]
-    band = [saving_band(S[i], M["slot"][i], M["dedup"][i], eps) for i in range(n_max)]
+    S = [s - d for s, d in zip(tau[COST_SLOT], tau[COST_DEDUP])]
+    band = [saving_band(S[i], M[COST_SLOT][i], M[COST_DEDUP][i], eps) for i in range(n_max)]
     V = {p: [float(v) for v in step_times(tau[p][: len(h)], h)] for p in KERNELS}
     stairs = {p: _staircase(V[p], acceptance, delta) for p in KERNELS}
     return Prediction(
         version=version, n=ns, tau1=tau1, tau=tau, M=M, S=S,
         S_lo=[lo for lo, _ in band], S_hi=[hi for _, hi in band],
         # (19) with equal fixed work: ū/r = M̂ᵉ_dedup / M̂ᵉ_slot
-        sign_certain=[n >= 2 and eps < 1 and faster_kernel_certain(M["dedup"][i] / M["slot"][i], 1.0, eps)
+        sign_certain=[n >= 2 and eps < 1 and faster_kernel_certain(M[COST_DEDUP][i] / M[COST_SLOT][i], 1.0, eps)
                       for i, n in enumerate(ns)],
         eps=eps, crossover=crossover(ns, S), h=h, V=V, acceptance=[float(a) for a in acceptance],
         k_star={p: stairs[p]["k_star"] for p in KERNELS},

@@ -9,7 +9,8 @@ kernel. Definitions follow the paper:
 - crossover: the smallest n from which the saving's point estimate stays positive (Sec. 2);
 - k* within one: acceptance values at which |k̂*(a) − k*(a)| <= 1, k* the measured best (Table 3);
 - loss: 1 − T(k̂*, a) / T(k*, a) from the measured throughput (Table 4);
-- verify-time error: the largest |τ̂_p(n) − τ_p(n)| / τ_p(n) over n = 2..n_max (Tables 4 and 7);
+- verify-time error: the largest |τ̂_p(n) − τ_p(n)| / τ_p(n) over n = 2..n_max (Tables 4 and 7), on
+  verify passes the prediction did not read; beside it the same error on the passes it read (in sample);
   and the part of the saving error the measurement's noise cannot explain: the largest distance of
   Ŝ(n) from the 95% interval of S(n), over τ_dedup(n). For the calibrated version, whose τ̂_slot is
   the measured one, τ̂_dedup(n) − τ_dedup(n) = S(n) − Ŝ(n): this is its verify-time error beyond noise;
@@ -92,8 +93,10 @@ class Score:
     crossover_measured: int | None
     sign_points: int
     sign_agree: int
-    tau_error: float
+    tau_error: float  # out of sample: against verify passes the prediction did not read
     tau_error_dedup: float
+    tau_error_in_sample: float  # against the verify passes the prediction read
+    tau_error_dedup_in_sample: float
     saving_error_beyond_interval: float  # max over n of dist(Ŝ(n), [S_lo, S_hi]) / τ_dedup(n)
     acceptance: list[float]
     k_star_predicted: list[int]
@@ -144,8 +147,7 @@ class Score:
         unknown = set(d) - set(cls.__dataclass_fields__) - {"summary"}
         if unknown:
             raise ValueError(f"unknown Score keys {sorted(unknown)}; was it written by another moespec version?")
-        kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}  # an older score lacks the noise figures
-        kw.setdefault("saving_error_beyond_interval", math.nan)
+        kw = {k: d[k] for k in cls.__dataclass_fields__}
         kw["rules"] = [RuleVerdict.from_dict(r) for r in d["rules"]]
         return cls(**kw)
 
@@ -270,6 +272,8 @@ def score(
     *,
     tau_slot: Mapping[Any, float],
     tau_dedup: Mapping[Any, float],
+    tau_slot_in_sample: Mapping[Any, float],
+    tau_dedup_in_sample: Mapping[Any, float],
     S_lo: Mapping[Any, float],
     S_hi: Mapping[Any, float],
     throughput: Any,
@@ -282,7 +286,9 @@ def score(
 ) -> Score:
     """Score `prediction` against a measurement (Tables 3, 4, 7; the rules of Table 8).
 
-    tau_slot, tau_dedup: {n: median verify time} with deduplication off / on, n = 2..n_max at least.
+    tau_slot, tau_dedup: {n: verify time} with deduplication off / on, n = 2..n_max at least, from
+        passes the prediction did not read (the held-out ones); they score τ̂ and give S(n).
+    tau_slot_in_sample, tau_dedup_in_sample: the same from the passes the prediction read.
     S_lo, S_hi: {n: bounds of the 95% bootstrap interval of S(n)}, n = 2..n_max.
     throughput: [A, kmax+1] measured oracle-draft tokens per second with `kernel`, rows on
         prediction.acceptance, columns k = 0..prediction.kmax.
@@ -321,6 +327,10 @@ def score(
     sign_agree = sum(sign * s > 0 for sign, s in decided)
     err_slot = _relative_errors([prediction.tau["slot"][i] for i in idx], t_slot)
     err_dedup = _relative_errors([prediction.tau["dedup"][i] for i in idx], t_dedup)
+    in_slot = _relative_errors([prediction.tau["slot"][i] for i in idx],
+                               _at(tau_slot_in_sample, ns, "tau_slot_in_sample"))
+    in_dedup = _relative_errors([prediction.tau["dedup"][i] for i in idx],
+                                _at(tau_dedup_in_sample, ns, "tau_dedup_in_sample"))
     s_V = _speedups(V, prediction.acceptance)
     draft = _draft_figures(prediction, kernel, T, V, s_V)
     noise = {}
@@ -338,6 +348,7 @@ def score(
         eps=prediction.eps, eps_implied=implied_eps(err, M_sum), crossover_predicted=c_pred,
         crossover_measured=c_meas, sign_points=len(decided), sign_agree=sign_agree,
         tau_error=max(err_slot + err_dedup), tau_error_dedup=max(err_dedup),
+        tau_error_in_sample=max(in_slot + in_dedup), tau_error_dedup_in_sample=max(in_dedup),
         saving_error_beyond_interval=max(max(0.0, l - s, s - h) / t for s, l, h, t in zip(S_hat, lo, hi, t_dedup)),
         acceptance=list(prediction.acceptance), rules=verdicts, **draft, **noise,
     )
