@@ -11,7 +11,7 @@ import matplotlib.image as mpimg
 import matplotlib.pyplot as plt
 import pytest
 
-from moespec.report.html import Figure, Section, Table, render
+from moespec.report.html import Figure, Section, Table, Verdict, render
 
 
 def _png() -> bytes:
@@ -26,7 +26,7 @@ def _png() -> bytes:
 def test_report_is_self_contained_and_figures_decode(tmp_path):
     sections = [
         Section("One", ["a <b>paragraph</b> with markup", Table("t", ["x", "y"], [[1, "pass"], [2, "fail"]])]),
-        Section("Two", [Figure("a line", _png()), ("pre", "plain text")]),
+        Section("Two", [Figure("a line", _png())]),
     ]
     path = render("Report & title", sections, tmp_path / "r.html")
     text = path.read_text()
@@ -36,6 +36,13 @@ def test_report_is_self_contained_and_figures_decode(tmp_path):
     assert len(uris) == 1
     image = mpimg.imread(io.BytesIO(base64.b64decode(uris[0])), format="png")
     assert image.shape[0] > 10 and image.shape[1] > 10
+
+
+def test_verdict_cells_are_classed_by_their_verdict_and_plain_cells_are_not(tmp_path):
+    rows = [[Verdict("3.0% met", True), Verdict("12.0% <missed>", False), "pass"]]
+    text = render("r", [Section("s", [Table("t", ["a", "b", "c"], rows)])], tmp_path / "r.html").read_text()
+    cells = re.findall(r"<td[^>]*>[^<]*</td>", text)
+    assert cells == ['<td class="pass">3.0% met</td>', '<td class="miss">12.0% &lt;missed&gt;</td>', "<td>pass</td>"]
 
 
 def test_non_png_figure_is_refused(tmp_path):

@@ -17,17 +17,29 @@ body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;ma
 h1{font-size:1.6em;border-bottom:2px solid #333}h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #bbb}
 table{border-collapse:collapse;margin:.8em 0;font-size:.9em}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
 th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}figure{margin:1em 0}img{max-width:100%}
-figcaption{font-size:.85em;color:#444}pre{background:#f6f6f6;padding:.8em;overflow-x:auto}.pass{color:#17692a}.fail{color:#a3161b}
+caption{text-align:left;font-size:.9em;color:#444;padding:.3em 0;caption-side:top}figcaption{font-size:.85em;color:#444}
+td.pass{color:#17692a;background:#e3f4e6;font-weight:600}td.miss{color:#a3161b;background:#fbe4e4;font-weight:600}
 """
 
 
 @dataclass(frozen=True)
 class Table:
-    """A table: a caption, a header row and body rows of already formatted cells."""
+    """A table: a caption, a header row and body rows of already formatted cells (str, or `Verdict`)."""
 
     caption: str
     header: Sequence[str]
     rows: Sequence[Sequence[object]]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A cell that judges: its text says the verdict in words ("met", "missed"), and the colour repeats it."""
+
+    text: str
+    ok: bool
+
+    def __str__(self) -> str:
+        return self.text
 
 
 @dataclass(frozen=True)
@@ -41,23 +53,19 @@ class Figure:
 @dataclass
 class Section:
     heading: str
-    blocks: list = field(default_factory=list)  # str (a paragraph), Table, Figure, or ("pre", text)
+    blocks: list = field(default_factory=list)  # str (a paragraph), Table or Figure
 
 
 def _cell(value: object) -> str:
     text = html.escape(str(value))
-    if text in ("pass", "PASS", "✓"):
-        return f'<td class="pass">{text}</td>'
-    if text in ("fail", "FAIL", "✗"):
-        return f'<td class="fail">{text}</td>'
+    if isinstance(value, Verdict):
+        return f'<td class="{"pass" if value.ok else "miss"}">{text}</td>'
     return f"<td>{text}</td>"
 
 
 def _block(block) -> str:
     if isinstance(block, str):
         return f"<p>{html.escape(block)}</p>"
-    if isinstance(block, tuple) and block and block[0] == "pre":
-        return f"<pre>{html.escape(block[1])}</pre>"
     if isinstance(block, Table):
         head = "".join(f"<th>{html.escape(str(h))}</th>" for h in block.header)
         body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in block.rows)
@@ -68,7 +76,7 @@ def _block(block) -> str:
             raise ValueError(f"figure {block.caption!r} is not a PNG")
         uri = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
         return f'<figure><img alt="{html.escape(block.caption)}" src="{uri}"><figcaption>{html.escape(block.caption)}</figcaption></figure>'
-    raise TypeError(f"cannot render a {type(block).__name__} block; use str, Table, Figure or ('pre', text)")
+    raise TypeError(f"cannot render a {type(block).__name__} block; use str, Table or Figure")
 
 
 def render(title: str, sections: Sequence[Section], path: str | Path) -> Path:
