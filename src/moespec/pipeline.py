@@ -1,17 +1,7 @@
-"""`moespec demo`: the whole chain of the cost-model paper on one model, resumable step by step.
+"""`moespec demo`: the chain of the cost-model paper on one model, each step's artifact reused when it exists.
 
-    trace → trace of the verified text → characterize → measure (base) → predict → measure (sweeps)
-    → score → report
-
-Each step writes one artifact into the run folder and is skipped when that artifact exists, so a
-second run reuses finished work and an interrupted one resumes through the point logs that
-`characterize` and `measure` keep. The prediction is written after the *base* measurement (verify
-times τ_p(n), the characterized layers' operation on each pass's window timed right after the pass,
-and an h(k) probe, the oracle at one acceptance off the scored grid) and before any
-scored sweep runs: predict never reads a sweep it is scored against (Sec. 4).
-
-Both measurement phases share one point log (`measurement.points.jsonl`), so the verify times and
-the k = 0 runs of the base phase are read back, not measured again, by the sweep phase.
+The prediction is written after the base measurement and before any scored sweep (Sec. 4); the
+narrative of each step is in docs/methodology.md.
 """
 
 from __future__ import annotations
@@ -24,6 +14,7 @@ from typing import Any, Callable
 from moespec import artifacts
 from moespec.bench.prediction import KIND as PREDICT_KIND
 from moespec.bench.prediction import SCORE_KIND, predict_all, score_all
+from moespec.bench.versions import HSource
 from moespec.kernel_names import DEDUP
 
 TRACES = "traces.parquet"
@@ -40,39 +31,23 @@ H_PROBE_ACCEPTANCE = 0.75
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """The knobs of each step; `demo()` fits a 2-core CPU in minutes, `full()` is the paper's protocol."""
+    """The knobs of each step; `demo()` fits a 2-core CPU in minutes, `full_protocol()` is the paper's.
+    Why each demo value was chosen: docs/methodology.md and BENCHMARKS.md."""
 
     model: str = "synthetic:olmoe-shaped"
     layers: int | None = None  # a synthetic preset's depth (None: the preset's)
     trace_tokens: int = 4096
-    # Both layers (the issue's 0,mid): the measured-time version of a layer that was not characterized
-    # borrows the nearest layer's window times, and olmoe-shaped's two layers route with rho(2) 0.29
-    # and 0.55, so one layer's times mispredicted the other's deduplicated verify time by up to 24%.
-    # The verify passes' own windows are timed by the base measurement, between its passes
-    # (`ops_between_passes`), so the characterization leaves them out (432 timings, ~30 s of the
-    # demo's olmoe-shaped characterization): give it `verified_reps` to time them there as well, the
-    # measured-time version's fallback where the base measurement has no such times.
+    # both layers (rho differs between them); the verified windows are timed between the base
+    # measurement's passes (`ops_between_passes`), so the characterization leaves them out
     characterize: dict = field(default_factory=lambda: dict(layers=(0, "mid"), reps=3, u_points=3, windows=4))
-    # 2 prompts, 16 verify repetitions, the scaling curve read from them. One pass varies by +-15% on
-    # this shared 2-core machine, and the calibrated version's step time at each n takes two medians
-    # of those passes (tau_slot and the operation's saving): at 10 repetitions the 95% interval of
-    # its ratio from one n to the next was 24-32% wide (olmoe-shaped), against sweep ratios of
-    # 1.01-1.12 that decide k* at a >= 0.7; at 40 its k* matched the sweep's (BENCHMARKS.md). Each
-    # oracle cell: 2 prompts x 18 runs of one step each (`sweep.oracle_budget`), spread over the
-    # sweep, so the machine's drift over minutes (10-20%) falls on every cell alike, and each
-    # acceptance's block of k = 0..8 takes about a second, so k* and the speedup compare steps made
-    # moments apart. Repetition r's step starts 2r tokens into the greedy text, so every cell's steps
-    # verify the same 18 windows of it per prompt (0-42 tokens in), the stretch the verify passes
-    # read (`sweep.run_oracle`); runs of 4 steps at 5 repetitions read a stretch that grew with a,
-    # and left a higher loss floor and gap (BENCHMARKS.md, "One step per run"). At 20 repetitions
-    # the demo's model took 13:15 and 14:14 here; 18 keeps it a minute under 15.
+    # 24 verify repetitions: the prediction reads the 12 even ones, the score the 12 odd ones; 18
+    # one-step oracle runs per cell, 2 tokens apart, verify the stretch the verify passes read
     measure: dict = field(default_factory=lambda: dict(new_tokens=64, oracle_steps=1, oracle_reps=18, prompts=2,
-                                                       oracle_start_stride=2, reps=16,
+                                                       oracle_start_stride=2, reps=24,
                                                        scaling_ns=tuple(range(1, 10))))
     full: bool = False
     seed: int = 0
-    # the characterized layers' expert operation timed on each verify pass's window right after the
-    # pass, for the measured-time and calibrated versions (`bench.verify.run_verify`)
+    # time the characterized layers' operation on each verify pass's window right after the pass
     ops_between_passes: bool = True
 
     def __post_init__(self):
@@ -90,10 +65,11 @@ class DemoConfig:
 
     @classmethod
     def smoke(cls, **overrides) -> "DemoConfig":
-        """Seconds on a *-tiny preset: n <= 3, k <= 2, depth 16; checks the plumbing, not the figures."""
+        """Seconds on a *-tiny preset: n <= 3, k <= 2, depth 16; checks the plumbing, not the figures.
+        Medians of 5 after a warm-up keep a slow call out of every time."""
         tiny = dict(model="synthetic:olmoe-tiny", trace_tokens=200,
-                    characterize=dict(layers=(0,), reps=1, warmup=0, u_points=2, windows=2, n=range(1, 4)),
-                    measure=dict(depths=(16,), ns=range(1, 4), reps=1, ks=(0, 1, 2), new_tokens=6, scaling_ns=(),
+                    characterize=dict(layers=(0,), reps=5, warmup=1, u_points=2, windows=2, n=range(1, 4)),
+                    measure=dict(depths=(16,), ns=range(1, 4), reps=6, ks=(0, 1, 2), new_tokens=6, scaling_ns=(),
                                  flush=False))
         return cls(**{**tiny, **overrides})
 
@@ -117,10 +93,8 @@ class DemoResult:
 
 def _measure_phase(cfg: DemoConfig, out: Path, *, base: bool, progress: bool, loaded, verified: Path,
                    op_layers: tuple[int, ...]) -> dict[str, Any]:
-    """One phase of `bench.measure.measure`; the base phase runs no scored cell (no scaling curve,
-    the oracle at H_PROBE_ACCEPTANCE only, one run per prompt: h(k) is a fraction of a millisecond
-    next to verify passes of 40-150 ms on the demo's models). Both phases ask for the same verify
-    points, so the sweep phase reads the base phase's back."""
+    """One phase of `bench.measure.measure`. Both phases ask for the same verify points, so the
+    sweep phase reads the base phase's back from the shared point log."""
     from moespec.bench.measure import measure
 
     return measure(cfg.model, full=cfg.full, out=out, layers=cfg.layers, progress=progress, loaded=loaded(),
@@ -146,11 +120,11 @@ def _op_layers(cfg: DemoConfig, verified: Path) -> tuple[int, ...]:
 
 
 def base_payload(phase1: dict[str, Any]) -> dict[str, Any]:
-    """The base measurement: verify times, and h(k) per depth from the probe (its cells kept apart)."""
+    """The base measurement: verify times, and h(k) per depth from the probe at H_PROBE_ACCEPTANCE."""
     probe = [e for e in phase1["oracle"] if e["kernel"] == DEDUP] or phase1["oracle"]
     return {**{k: v for k, v in phase1.items() if k != "oracle"},
             "h": {str(e["depth"]): e["h"] for e in probe},
-            "h_source": f"oracle probe at a = {H_PROBE_ACCEPTANCE} (off the scored grid), kernel {probe[0]['kernel']}",
+            "h_source": HSource.ORACLE_PROBE,
             "h_probe": phase1["oracle"], "oracle": []}
 
 
@@ -163,11 +137,8 @@ def run_demo(
     progress: bool = True,
     echo: Callable[[str], None] = print,
 ) -> DemoResult:
-    """Run (or resume) the chain into `out_dir` and return where everything lies.
-
-    config: every step's knobs (default `DemoConfig.demo(model=model)`, or the paper's protocol with
-    `full=True`). The model is built once, on the first step that runs, and shared by the rest.
-    """
+    """Run (or resume) the chain into `out_dir` and return where everything lies. config defaults to
+    `DemoConfig.demo(model=model)` (`full_protocol` with `full`); the model is built once, on first use."""
     from moespec.report.build import build_report
 
     if config is None:
@@ -247,11 +218,8 @@ def run_demo(
 
 
 def _knobs_changed(config: DemoConfig, path: Path, *, base: bool, op_layers: tuple[int, ...] = ()) -> str:
-    """"" when the measurement at `path` (the base phase's or the sweep's) was made with this
-    config's knobs (or is absent), else what differs ("oracle_reps 5, this run 15"). Points are read
-    back from the log where their keys match; a new repetition count changes the keys it counts
-    (verify points carry their repetitions, and the oracle's draws are stratified over all of a
-    cell's steps), so that part is measured again."""
+    """"" when the measurement at `path` (base or sweep phase) is absent or was made with this
+    config's knobs, else what differs ("oracle_reps 5, this run 15")."""
     from moespec.bench.measure import MeasureConfig
 
     if not path.exists():
