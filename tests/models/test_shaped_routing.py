@@ -1,6 +1,5 @@
 """The timing-sized presets route like trained models: reuse set by the token, not by the context."""
 
-import numpy as np
 
 from moespec.models import synthetic
 from moespec.moe import corpus, routing
