@@ -48,22 +48,17 @@ def wall_seconds(run: Path) -> float | None:
     return None
 
 
-def _first(s: dict, *keys: str) -> float | None:
-    return next((float(s[k]) for k in keys if s.get(k) is not None), None)
-
-
 def version_row(s: dict) -> dict:
     """The goal figures of one scored version (a Score's to_dict())."""
     A = len(s["acceptance"])
     within = int(np.sum(np.abs(np.subtract(s["k_star_predicted"], s["k_star_measured"])) <= 1))
     loss, gap = float(np.max(s["loss"])), float(np.max(np.abs(s["oracle_gap"])))
-    tau = _first(s, "tau_error_dedup", "tau_error")
-    row = dict(k_within_one=within, acceptances=A, max_loss=loss, loss_floor=s.get("loss_floor"),
-               tau_error=tau, tau_error_both_kernels=_first(s, "tau_error"),
-               tau_error_in_sample=_first(s, "tau_error_dedup_in_sample", "tau_error_in_sample"),
-               max_oracle_gap=gap)
-    row["goals_met"] = dict(k_within_one=within >= A - 1, loss=loss <= GOALS["loss"],
-                            tau=tau is not None and tau <= GOALS["tau"], gap=gap <= GOALS["gap"])
+    tau = float(s["tau_error_dedup"])
+    row = dict(k_within_one=within, acceptances=A, max_loss=loss, loss_floor=s["loss_floor"],
+               tau_error=tau, tau_error_both_kernels=float(s["tau_error"]),
+               tau_error_in_sample=float(s["tau_error_dedup_in_sample"]), max_oracle_gap=gap)
+    row["goals_met"] = dict(k_within_one=within >= A - 1, loss=loss <= GOALS["loss"], tau=tau <= GOALS["tau"],
+                            gap=gap <= GOALS["gap"])
     return row
 
 

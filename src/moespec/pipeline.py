@@ -6,27 +6,30 @@ narrative of each step is in docs/methodology.md.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from moespec import artifacts
+from moespec.bench.lineage import check_chain, of_model
+from moespec.bench.measure_base import base_knobs
 from moespec.bench.prediction import KIND as PREDICT_KIND
 from moespec.bench.prediction import SCORE_KIND, predict_all, score_all
-from moespec.bench.versions import HSource
-from moespec.kernel_names import DEDUP
+from moespec.moe.traces import read_header
 
 TRACES = "traces.parquet"
 VERIFIED = "verified.parquet"
 CHARACTERIZATION = "characterization.json"
 MEASUREMENT_BASE = "measurement-base.json"
 MEASUREMENT = "measurement.json"
+POINTS = "measurement.points.jsonl"  # the point log that both measure phases share
 PREDICTION = "prediction.json"
 SCORE = "score.json"
 REPORT = "report.html"
-# The h(k) probe's acceptance: off the scored grid, so no scored cell is run before the prediction.
-H_PROBE_ACCEPTANCE = 0.75
+KINDS = {CHARACTERIZATION: "characterize", MEASUREMENT_BASE: "measure", MEASUREMENT: "measure",
+         PREDICTION: PREDICT_KIND, SCORE: SCORE_KIND}
 
 
 @dataclass(frozen=True)
@@ -40,10 +43,10 @@ class DemoConfig:
     # both layers (rho differs between them); the verified windows are timed between the base
     # measurement's passes (`ops_between_passes`), so the characterization leaves them out
     characterize: dict = field(default_factory=lambda: dict(layers=(0, "mid"), reps=3, u_points=3, windows=4))
-    # 24 verify repetitions: the prediction reads the 12 even ones, the score the 12 odd ones; 18
+    # 32 verify repetitions: the prediction reads the 16 even ones, the score the 16 odd ones; 18
     # one-step oracle runs per cell, 2 tokens apart, verify the stretch the verify passes read
     measure: dict = field(default_factory=lambda: dict(new_tokens=64, oracle_steps=1, oracle_reps=18, prompts=2,
-                                                       oracle_start_stride=2, reps=24,
+                                                       oracle_start_stride=2, reps=32,
                                                        scaling_ns=tuple(range(1, 10))))
     full: bool = False
     seed: int = 0
@@ -94,18 +97,17 @@ class DemoResult:
 def _measure_phase(cfg: DemoConfig, out: Path, *, base: bool, progress: bool, loaded, verified: Path,
                    op_layers: tuple[int, ...]) -> dict[str, Any]:
     """One phase of `bench.measure.measure`. Both phases ask for the same verify points, so the
-    sweep phase reads the base phase's back from the shared point log."""
+    sweep phase reads the base phase's back from the point log they share."""
     from moespec.bench.measure import measure
 
-    return measure(cfg.model, full=cfg.full, out=out, layers=cfg.layers, progress=progress, loaded=loaded(),
-                   verified=verified if op_layers else None, **_phase_knobs(cfg, base, op_layers))
+    return measure(cfg.model, full=cfg.full, out=out, points=out.with_name(POINTS), base=base, layers=cfg.layers,
+                   progress=progress, loaded=loaded(), verified=verified if op_layers else None,
+                   **_phase_knobs(cfg, False, op_layers))
 
 
 def _phase_knobs(cfg: DemoConfig, base: bool, op_layers: tuple[int, ...] = ()) -> dict[str, Any]:
     knobs = dict(cfg.measure, op_layers=tuple(op_layers))
-    if base:
-        knobs.update(acceptances=(H_PROBE_ACCEPTANCE,), scaling_ns=(), oracle_kernels=(DEDUP,), oracle_reps=1)
-    return knobs
+    return base_knobs(knobs) if base else knobs
 
 
 def _op_layers(cfg: DemoConfig, verified: Path) -> tuple[int, ...]:
@@ -119,15 +121,6 @@ def _op_layers(cfg: DemoConfig, verified: Path) -> tuple[int, ...]:
     return tuple(resolve_layers(layers, RoutingTrace.load(verified).num_layers))
 
 
-def base_payload(phase1: dict[str, Any]) -> dict[str, Any]:
-    """The base measurement: verify times, and h(k) per depth from the probe at H_PROBE_ACCEPTANCE."""
-    probe = [e for e in phase1["oracle"] if e["kernel"] == DEDUP] or phase1["oracle"]
-    return {**{k: v for k, v in phase1.items() if k != "oracle"},
-            "h": {str(e["depth"]): e["h"] for e in probe},
-            "h_source": HSource.ORACLE_PROBE,
-            "h_probe": phase1["oracle"], "oracle": []}
-
-
 def run_demo(
     out_dir: str | Path = "moespec-demo",
     *,
@@ -136,15 +129,23 @@ def run_demo(
     config: DemoConfig | None = None,
     progress: bool = True,
     echo: Callable[[str], None] = print,
+    restart: bool = False,
 ) -> DemoResult:
     """Run (or resume) the chain into `out_dir` and return where everything lies. config defaults to
-    `DemoConfig.demo(model=model)` (`full_protocol` with `full`); the model is built once, on first use."""
+    `DemoConfig.demo(model=model)` (`full_protocol` with `full`); the model is built once, on first use.
+
+    The folder's artifacts are reused only if they were made from this model (spec, fingerprint,
+    dtype, N, m, L; the model is built to check); otherwise the run stops with
+    `provenance.ProvenanceMismatch` naming both. `restart` first moves them and the point logs to
+    `<name>.old`."""
     from moespec.report.build import build_report
 
     if config is None:
         config = DemoConfig.full_protocol(model=model) if full else DemoConfig.demo(model=model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if restart:
+        _move_aside(out, echo)
     paths = {name: out / name
              for name in (TRACES, VERIFIED, CHARACTERIZATION, MEASUREMENT_BASE, MEASUREMENT, PREDICTION, SCORE)}
     ran, seconds = [], {}
@@ -170,6 +171,8 @@ def run_demo(
             held.extend(load(config.model, seed=config.seed, layers=config.layers))
         return held[0], held[1]
 
+    _check_folder(config, out, lambda: loaded()[0])
+
     step("trace", paths[TRACES], lambda: _trace(*loaded(), config, paths[TRACES]))
     short = _verified_too_short(config, paths[VERIFIED])
     if short:  # more verify repetitions read further into the continuation; its first rows stay the same
@@ -187,13 +190,9 @@ def run_demo(
         for name in (MEASUREMENT_BASE, PREDICTION, MEASUREMENT, SCORE):
             paths[name].unlink(missing_ok=True)
 
-    def measure_base() -> None:
-        phase1 = _measure_phase(config, paths[MEASUREMENT], base=True, progress=progress, loaded=loaded,
-                                verified=paths[VERIFIED], op_layers=op_layers)
-        artifacts.write(paths[MEASUREMENT_BASE], "measure", base_payload(phase1))
-        paths[MEASUREMENT].unlink()  # the phase-1 artifact; its point log stays for the sweep phase
-
-    step("measure-base", paths[MEASUREMENT_BASE], measure_base)
+    step("measure-base", paths[MEASUREMENT_BASE],
+         lambda: _measure_phase(config, paths[MEASUREMENT_BASE], base=True, progress=progress, loaded=loaded,
+                                verified=paths[VERIFIED], op_layers=op_layers))
     sources = {"characterization": str(paths[CHARACTERIZATION]), "traces": str(paths[TRACES]),
                "measurement_base": str(paths[MEASUREMENT_BASE])}
     step("predict", paths[PREDICTION], lambda: artifacts.write(paths[PREDICTION], PREDICT_KIND, predict_all(
@@ -215,6 +214,26 @@ def run_demo(
     echo(summary)
     echo(f"report: {report}")
     return DemoResult(out_dir=out, ran=tuple(ran), seconds=seconds, summary=summary)
+
+
+def _move_aside(out: Path, echo: Callable[[str], None]) -> None:
+    """`--restart`: every artifact, point log and report of the run folder moved to `<name>.old`."""
+    names = (TRACES, VERIFIED, *KINDS, REPORT, "summary.txt")
+    moved = [p for p in [*(out / n for n in names), *out.glob("*.points.jsonl")] if p.exists()]
+    for path in moved:
+        os.replace(path, path.with_name(path.name + ".old"))
+    echo(f"[restart] moved {len(moved)} file(s) of {out} to *.old")
+
+
+def _check_folder(config: DemoConfig, out: Path, model: Callable[[], Any]) -> None:
+    """Refuse a run folder holding artifacts of another model than `model()`, this run's (`bench.lineage`)."""
+    named: dict[str, Any] = {name: read_header(out / name) for name in (TRACES, VERIFIED) if (out / name).exists()}
+    named.update({name: artifacts.load(out / name, kind)["payload"] for name, kind in KINDS.items()
+                  if (out / name).exists()})
+    if named:
+        named[f"this run (--model {config.model})"] = {"provenance": of_model(config.model, model())}
+        check_chain(named, fix=f"pass --restart to move them to *.old and start afresh, or give another --out-dir "
+                               f"than {out}")
 
 
 def _knobs_changed(config: DemoConfig, path: Path, *, base: bool, op_layers: tuple[int, ...] = ()) -> str:
@@ -281,4 +300,5 @@ def _characterize(net, config: DemoConfig, traces: Path, verified: Path, path: P
     knobs.setdefault("n", _measure_config(config).ns)
     if config.ops_between_passes and "verified_reps" not in knobs:  # the base measurement times them
         verified = None
-    characterize(net, traces, verified=verified, out=path, progress=progress, seed=config.seed, **knobs)
+    characterize(net, traces, verified=verified, out=path, progress=progress, seed=config.seed,
+                 model_spec=config.model, **knobs)
