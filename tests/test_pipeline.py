@@ -9,6 +9,7 @@ from moespec import artifacts
 from moespec.bench.versions import HSource, Unavailable, WindowSource
 from moespec.costmodel.predict import VERSIONS
 from moespec.pipeline import DemoConfig, run_demo
+from moespec.provenance import ProvenanceMismatch
 
 STEPS = ("trace", "trace-verified", "characterize", "measure-base", "predict", "measure-sweep", "score")
 
@@ -118,7 +119,8 @@ def test_full_is_the_papers_protocol():
     depths, both kernels swept; its base phase still runs no scored cell."""
     from moespec.bench.measure import MeasureConfig
     from moespec.kernel_names import ENGINE_KERNELS as KERNELS
-    from moespec.pipeline import H_PROBE_ACCEPTANCE, _measure_config, _phase_knobs
+    from moespec.bench.measure_base import H_PROBE_ACCEPTANCE
+    from moespec.pipeline import _measure_config, _phase_knobs
 
     cfg = DemoConfig.full_protocol()
     m = _measure_config(cfg)
@@ -153,3 +155,39 @@ def test_a_run_shaped_like_full_scores_and_reports_every_depth_and_kernel(tmp_pa
     for i in (4, 5, 6):  # the whole-model figures, at each depth; Figures 1-3 describe the trace and kernels
         assert sorted(set(int(d) for d in re.findall(rf"Figure {i}: [^<]*?d = (\d+)", html))) == [16, 24]
     assert len(re.findall(r'src="data:image/png;base64,', html)) == 3 + 3 * 2
+
+
+def _refused(run, tmp_path, config: DemoConfig) -> ProvenanceMismatch:
+    """run_demo on a copy of the smoke run (olmoe-tiny, seed 0) with `config`: the refusal, the copy unchanged."""
+    out = tmp_path / "copy"
+    shutil.copytree(run[0], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ProvenanceMismatch) as e:
+        run_demo(out, config=config, progress=False, echo=lambda _: None)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert "--restart" in str(e.value) and "this run (--model " in str(e.value)
+    return e.value
+
+
+def test_a_folder_made_for_another_model_is_refused_naming_what_differs(run, tmp_path):
+    e = _refused(run, tmp_path, DemoConfig.smoke(model="synthetic:mixtral-tiny"))
+    fields = {line.split(":", 1)[0] for line in e.differences}
+    assert fields == {"model", "fingerprint", "num_experts", "top_k"}  # mixtral-tiny: 8 experts, top-2
+    assert any('this run (--model synthetic:mixtral-tiny) has "synthetic:mixtral-tiny"' in d for d in e.differences)
+
+
+def test_a_folder_of_other_weights_under_the_same_spec_is_refused(run, tmp_path):
+    e = _refused(run, tmp_path, DemoConfig.smoke(seed=1))  # seed 1 draws other weights: only the fingerprint differs
+    assert [line.split(":", 1)[0] for line in e.differences] == ["fingerprint"]
+
+
+def test_restart_moves_the_folder_aside_and_runs_the_chain_afresh(run, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(run[0], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    again = run_demo(out, config=DemoConfig.smoke(model="synthetic:mixtral-tiny"), progress=False,
+                     echo=lambda _: None, restart=True)
+    assert again.ran == STEPS
+    assert {p.name: p.read_bytes() for p in out.glob("*.old")} == {f"{n}.old": b for n, b in before.items()}
+    for name, kind in (("characterization.json", "characterize"), ("measurement.json", "measure")):
+        assert artifacts.load(out / name, kind)["payload"]["provenance"]["model"] == "synthetic:mixtral-tiny"

@@ -110,8 +110,8 @@ def load(path: str | Path, kind: str) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"no {kind} artifact at {path}; create it with `moespec {kind}`")
     try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:  # a damaged file, or not text at all
         raise ValueError(f"{path} is not valid JSON ({e}); delete it and run `moespec {kind}` again") from e
     if not isinstance(doc, dict) or "payload" not in doc:
         raise ValueError(f"{path} is not a moespec artifact (no header/payload)")

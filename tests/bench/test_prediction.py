@@ -19,6 +19,7 @@ from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS
 from moespec.kernel_names import DEDUP, SLOT
 from moespec.moe.traces import RoutingTrace
+from moespec.provenance import ProvenanceMismatch
 
 D, P, R, NS = 16, 2, 4, (1, 2, 3)  # depth, prompts, repetitions, pass sizes
 M, N, B = 2, 8, 2**20  # top-k, experts, bytes per expert
@@ -261,3 +262,35 @@ def test_every_acceptance_is_scored_against_the_pooled_plain_decoding():
     p = predict_from_artifacts(characterization(), TRACE, base(), version="prediction")
     assert score_from_artifacts(p, measurement(plain=1e12)).k_star_measured == [0] * len(p.acceptance)
     assert 0 not in score_from_artifacts(p, measurement(plain=1e-12)).k_star_measured
+
+
+OLMOE = {"model": "synthetic:olmoe-tiny", "fingerprint": "0123", "dtype": "float32", "num_experts": N, "top_k": M,
+         "num_layers": 2}
+
+
+def test_predict_refuses_a_characterization_and_a_measurement_of_different_models():
+    char = {**characterization(), "provenance": OLMOE}
+    mixtral = {**base(), "provenance": {**OLMOE, "model": "synthetic:mixtral-tiny", "fingerprint": "4567"}}
+    with pytest.raises(ProvenanceMismatch) as e:
+        predict_all(char, TRACE, mixtral, sources={"characterization": "c.json", "measurement_base": "m.json"})
+    assert e.value.differences == [
+        'fingerprint: characterization (c.json) has "0123"; measurement_base (m.json) has "4567"',
+        'model: characterization (c.json) has "synthetic:olmoe-tiny"; measurement_base (m.json) has '
+        '"synthetic:mixtral-tiny"']
+    assert predict_all(char, TRACE, {**base(), "provenance": OLMOE})["provenance"]["model"] == OLMOE["model"]
+
+
+def test_predict_refuses_a_trace_with_other_n_and_m():
+    other = RoutingTrace(documents=[np.zeros((4, 2, 4), dtype=np.int16)], num_experts=16, expert_bytes=(B, B),
+                         model="synthetic:mixtral-tiny")
+    with pytest.raises(ProvenanceMismatch) as e:
+        predict_all({**characterization(), "provenance": OLMOE}, other, {**base(), "provenance": OLMOE})
+    named = lambda key, c, t: f"{key}: characterization has {c}; traces has {t}; measurement_base has {c}"  # noqa: E731
+    assert e.value.differences == [named("model", '"synthetic:olmoe-tiny"', '"synthetic:mixtral-tiny"'),
+                                   named("num_experts", 8, 16), named("top_k", 2, 4)]
+
+
+def test_score_refuses_a_measurement_of_another_model():
+    pred = predict_all(characterization(), TRACE, {**base(), "provenance": OLMOE})
+    with pytest.raises(ProvenanceMismatch, match="model: prediction has .* measurement has"):
+        score_all(pred, {**measurement(), "provenance": {**OLMOE, "model": "synthetic:mixtral-tiny"}})

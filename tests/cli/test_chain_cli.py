@@ -46,3 +46,57 @@ def test_predict_of_missing_files_is_refused(tmp_path):
     result = CliRunner().invoke(app, ["predict", "--characterization", str(run / "c.json"), "--traces",
                                       str(run / "t.parquet"), "--measurement", str(run / "m.json")])
     assert result.exit_code != 0
+
+
+def known_inputs(tmp_path, **base_changes):
+    """A characterization, a trace and a base measurement of known values (`tests.bench.test_prediction`)."""
+    from tests.bench.test_prediction import TRACE, base, characterization
+
+    paths = tmp_path / "c.json", tmp_path / "t.parquet", tmp_path / "m.json"
+    artifacts.write(paths[0], "characterize", characterization())
+    TRACE.save(paths[1])
+    artifacts.write(paths[2], "measure", {**base(), **base_changes})
+    return paths
+
+
+def test_predict_exits_1_and_writes_nothing_when_no_version_can_be_predicted(tmp_path):
+    char, trace, meas = known_inputs(tmp_path, h={})  # a measurement without h(k): not a base measurement
+    pred = tmp_path / "p.json"
+    result = CliRunner().invoke(app, ["predict", "--characterization", str(char), "--traces", str(trace),
+                                      "--measurement", str(meas), "--out", str(pred)])
+    assert result.exit_code == 1 and "predicted no version" in result.output and "moespec measure --base" in result.output
+    assert not pred.exists()
+
+
+def test_score_exits_1_and_writes_nothing_when_no_version_can_be_scored(tmp_path):
+    char, trace, meas = known_inputs(tmp_path)
+    pred, score = tmp_path / "p.json", tmp_path / "s.json"
+    result = CliRunner().invoke(app, ["predict", "--characterization", str(char), "--traces", str(trace),
+                                      "--measurement", str(meas), "--out", str(pred)])
+    assert result.exit_code == 0, result.output
+    # the base measurement holds no oracle sweep: there is nothing to score against
+    result = CliRunner().invoke(app, ["score", "--prediction", str(pred), "--measurement", str(meas),
+                                      "--out", str(score)])
+    assert result.exit_code == 1 and "scored no version" in result.output and "no-sweep" in result.output
+    assert not score.exists()
+
+
+def test_predict_refuses_a_measurement_of_another_model_naming_both(tmp_path):
+    char, trace, meas = known_inputs(tmp_path, provenance={"model": "synthetic:mixtral-tiny", "num_experts": 16})
+    result = CliRunner().invoke(app, ["predict", "--characterization", str(char), "--traces", str(trace),
+                                      "--measurement", str(meas), "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and not (tmp_path / "p.json").exists()
+    assert "num_experts:" in result.output and "measurement_base" in result.output  # the text: test_prediction.py
+
+
+def test_report_refuses_a_folder_of_two_models(tmp_path):
+    from tests.bench.test_prediction import base, characterization
+
+    olmoe = {"model": "synthetic:olmoe-tiny", "num_experts": 16, "top_k": 4}
+    artifacts.write(tmp_path / "characterization.json", "characterize", {**characterization(), "provenance": olmoe})
+    artifacts.write(tmp_path / "measurement.json", "measure",
+                    {**base(), "provenance": {**olmoe, "model": "synthetic:mixtral-tiny", "num_experts": 8}})
+    result = CliRunner().invoke(app, ["report", "--dir", str(tmp_path)])
+    flat = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and not (tmp_path / "report.html").exists()
+    assert "num_experts: characterization.json has 16; measurement.json has 8" in flat

@@ -39,7 +39,9 @@ def test_characterize_cli_writes_artifact_figure_and_resumes(tmp_path):
     assert (tmp_path / "char.png").stat().st_size > 0
     log = tmp_path / "char.json.points.jsonl"
     lines = log.read_text().splitlines()
-    assert json.loads(lines[0]) == {"provenance": {}} and len(lines) == 1 + len(payload["points"])  # header, points
+    header = json.loads(lines[0])["provenance"]  # the header: what the points depend on beyond their keys
+    assert header == payload["provenance"] and header["model"] == "synthetic:olmoe-tiny" and header["trace"]
+    assert len(lines) == 1 + len(payload["points"])
 
     # A rerun measures nothing new: every sample is read back from the log.
     rerun = CliRunner().invoke(app, args)
@@ -95,3 +97,45 @@ def test_trace_verified_then_characterize_times_the_verified_windows(tmp_path):
     again = json.loads(json.dumps(summarize(others, RoutingTrace.load(traces), [0], [1, 2, 3])))
     assert again["fits"] == payload["fits"] and again["eps"] == payload["eps"]
     assert payload["settings"]["verified_reps"] == 2 and payload["verified"]["documents"] == ["d16/p0", "d16/p1"]
+
+
+def unnamed_trace(path):
+    """A trace of 16 experts, top-4, 2 layers of olmoe-tiny's expert bytes, naming no model: any model of
+    that shape (olmoe-tiny, qwen3moe-tiny) may be characterized on it."""
+    model, _ = build("olmoe-tiny")
+    w = [expert_bytes(e) for e in find_experts(model)]
+    docs = [sticky(24, len(w), 4, 16, 0.4, np.random.default_rng(0)) for _ in range(2)]
+    return RoutingTrace(documents=docs, num_experts=16, expert_bytes=w).save(path)
+
+
+def test_a_rerun_of_another_model_or_dtype_refuses_the_point_log_until_restart(tmp_path):
+    traces = unnamed_trace(tmp_path / "traces.parquet")
+    out = tmp_path / "char.json"
+    log = tmp_path / "char.json.points.jsonl"
+    args = ["characterize", "--traces", str(traces), "--layers", "0", "--n", "1..3", "--reps", "1", "--u-points",
+            "2", "--windows", "1", "--flush-mib", "1", "--out", str(out)]
+    first = CliRunner().invoke(app, args + ["--model", "synthetic:olmoe-tiny"])
+    assert first.exit_code == 0, first.output
+    before = log.read_bytes()
+    changes = {  # a rerun's options -> what the refusal names
+        ("--model", "synthetic:qwen3moe-tiny"): 'model: expected "synthetic:qwen3moe-tiny", found "synthetic:olmoe-tiny"',
+        ("--model", "synthetic:olmoe-tiny", "--dtype", "bfloat16"): 'dtype: expected "bfloat16", found "float32"',
+    }
+    for change, field in changes.items():
+        refused = CliRunner().invoke(app, args + list(change))
+        flat = " ".join(refused.output.replace("│", " ").split())  # the error box wraps long lines
+        assert refused.exit_code == 2 and field in flat and "--restart" in flat, refused.output
+        assert log.read_bytes() == before and load(out, "characterize")["payload"]["model"] == "synthetic:olmoe-tiny"
+    again = CliRunner().invoke(app, args + ["--model", "synthetic:qwen3moe-tiny", "--restart"])
+    assert again.exit_code == 0, again.output
+    assert load(out, "characterize")["payload"]["provenance"]["model"] == "synthetic:qwen3moe-tiny"
+    assert (tmp_path / "char.json.points.jsonl.old").read_bytes() == before
+
+
+def test_characterize_refuses_a_trace_of_another_model(tmp_path):
+    traces = olmoe_tiny_trace(tmp_path / "traces.parquet")  # names synthetic:olmoe-tiny: 16 experts, top-4
+    result = CliRunner().invoke(app, ["characterize", "--model", "synthetic:mixtral-tiny", "--traces", str(traces),
+                                      "--out", str(tmp_path / "c.json")])
+    flat = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "num_experts:" in flat and "top_k:" in flat and "moespec trace" in flat
+    assert not (tmp_path / "c.json.points.jsonl").exists()

@@ -87,3 +87,67 @@ def test_a_negative_start_stride_names_the_value_and_the_fix(tmp_path):
                                       "--out", str(tmp_path / "m.json")])
     assert result.exit_code != 0
     assert "oracle_start_stride" in result.output and "-3" in result.output
+
+
+TINY = ["--depth", "16", "--prompts", "1", "--reps", "1", "--n-max", "2", "--scaling-n-max", "0", "--k", "0",
+        "--acceptance", "0.6", "--new-tokens", "2", "--no-flush"]
+
+
+def test_a_rerun_with_another_model_refuses_the_point_log_until_restart(tmp_path):
+    import json
+
+    out = tmp_path / "q.json"
+    points = tmp_path / "q.points.jsonl"
+    first = CliRunner().invoke(app, ["measure", "--model", "synthetic:olmoe-tiny", *TINY, "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    before = points.read_bytes()
+    other = ["measure", "--model", "synthetic:mixtral-tiny", *TINY, "--out", str(out)]
+    refused = CliRunner().invoke(app, other)
+    flat = " ".join(refused.output.replace("│", " ").split())  # the error box wraps long lines
+    assert refused.exit_code == 2 and '"synthetic:mixtral-tiny", found "synthetic:olmoe-tiny"' in flat
+    assert "--restart" in flat and points.read_bytes() == before  # nothing measured, nothing written
+    assert artifacts.load(out, "measure")["payload"]["model"] == "synthetic:olmoe-tiny"
+
+    again = CliRunner().invoke(app, other + ["--restart"])
+    assert again.exit_code == 0, again.output
+    payload = artifacts.load(out, "measure")["payload"]
+    assert payload["provenance"]["model"] == "synthetic:mixtral-tiny" and payload["provenance"]["num_experts"] == 8
+    assert json.loads(points.read_text().splitlines()[0])["provenance"]["model"] == "synthetic:mixtral-tiny"
+    assert (tmp_path / "q.points.jsonl.old").read_bytes() == before  # the old log kept aside
+    # every point of the new log was measured afresh for mixtral: as many as olmoe's
+    assert len(points.read_bytes().splitlines()) == len(before.splitlines())
+
+
+def test_the_base_measurement_holds_the_verify_times_and_h_and_shares_the_sweeps_log(tmp_path):
+    base, sweep = tmp_path / "measurement-base.json", tmp_path / "measurement.json"
+    log = tmp_path / "measurement.points.jsonl"
+    common = ["measure", "--model", "synthetic:olmoe-tiny", *TINY[:8], "--k", "0", "--k", "1", "--new-tokens", "2",
+              "--no-flush"]
+    made = CliRunner().invoke(app, common + ["--base", "--points", str(log), "--out", str(base)])
+    assert made.exit_code == 0, made.output
+    payload = artifacts.load(base, "measure")["payload"]
+    assert payload["oracle"] == [] and payload["h"]["16"].keys() == {"0", "1"} and payload["h_source"] == "oracle-probe"
+    assert {c["a"] for c in payload["h_probe"][0]["cells"]} - {None} == {0.75}  # off the scored grid
+    seen = []
+    from moespec.bench.measure import measure
+
+    measure("synthetic:olmoe-tiny", out=sweep, progress=False, depths=(16,), prompts=1, reps=1, ns=(1, 2),
+            scaling_ns=(), ks=(0, 1), acceptances=(0.6,), new_tokens=2, flush=False,
+            on_point=lambda key, resumed: seen.append((key["part"], resumed)))
+    assert ("verify", True) in seen and ("verify", False) not in seen  # read back from the base's points
+    refused = CliRunner().invoke(app, common + ["--base", "--acceptance", "0.5", "--out", str(base)])
+    assert refused.exit_code == 2 and "--acceptance" in refused.output
+
+
+def test_measure_refuses_the_verified_routing_of_another_model(tmp_path):
+    import moespec.cli.traces  # noqa: F401  (registers trace-verified)
+
+    verified = tmp_path / "v.parquet"
+    made = CliRunner().invoke(app, ["trace-verified", "--model", "synthetic:mixtral-tiny", "--depth", "16",
+                                    "--prompts", "1", "--n-max", "2", "--out", str(verified)])
+    assert made.exit_code == 0, made.output
+    result = CliRunner().invoke(app, ["measure", "--model", "synthetic:olmoe-tiny", *TINY, "--verified",
+                                      str(verified), "--op-layers", "0", "--out", str(tmp_path / "m.json")])
+    flat = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "top_k: the model synthetic:olmoe-tiny has 4; the verified routing has 2" in flat
+    assert not (tmp_path / "m.points.jsonl").exists()

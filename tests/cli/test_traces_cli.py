@@ -49,7 +49,7 @@ def test_reuse_reports_a_damaged_file(tmp_path):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet at all")
     r = runner.invoke(app, ["reuse", str(bad)])
-    assert r.exit_code != 0 and "corrupt" in str(r.exception)
+    assert r.exit_code == 2 and r.output.startswith(f"error: {bad} ") and "corrupt" in r.output, r.output
 
 
 def test_parse_n_range():

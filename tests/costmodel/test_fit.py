@@ -1,4 +1,5 @@
-"""Tests of the fits (4) and (E.1): exact recovery, ill-conditioning warning, scoring, round trip."""
+"""Tests of the fits (4) and (E.1): exact recovery, rank-deficient refusal, ill-conditioning warning,
+scoring, round trip."""
 
 import warnings
 
@@ -6,11 +7,13 @@ import numpy as np
 import pytest
 
 from moespec.costmodel.fit import (
+    COND_WARN,
     ExpertFit,
     design,
     eps_engine,
     eps_kernel,
     fit,
+    fit_pass_sizes,
     median_relative_error,
     relative_errors,
 )
@@ -61,14 +64,41 @@ def test_fit_is_least_squares_under_noise():
     assert f.re_read_cost == pytest.approx(0.5, abs=0.1)
 
 
-def test_no_repeats_is_rank_deficient_and_warns():
+def test_no_repeats_is_rank_deficient_and_refused():
     # U = nm at every pass: the repeated-read column is zero and c_re is not identified
     n = np.arange(2, 10)
     U = n * M
     t = 1e-4 + U * B / 8e9
-    with pytest.warns(RuntimeWarning, match="ill-conditioned: rank 2"):
-        f = fit("slot", U, n, t, m=M, b=B)
-    assert f.rank == 2
+    with pytest.raises(ValueError, match=r"fit \(4\) of kernel 'slot' is rank deficient \(rank 2 of 3, 8 passes at "
+                                         r"n = 2..9, U = 16..72\): t_op, c_u, c_re are not identified"):
+        fit("slot", U, n, t, m=M, b=B)
+
+
+@pytest.mark.parametrize("kernel", ["slot", "dedup"])
+def test_one_pass_size_is_rank_deficient_and_refused(kernel):
+    # characterize --n 2..2: at one n, (4)'s bytes columns sum to the constant nmb and (E.1)'s n is constant
+    U = np.arange(M, 2 * M + 1)
+    t = 1e-4 + U * B / 8e9 + np.random.default_rng(0).normal(0, 1e-6, U.shape)
+    with pytest.raises(ValueError, match="rank deficient .* n = 2, .* at least 2 sizes n >= 2"):
+        fit(kernel, U, 2, t, m=M, b=B)
+    with pytest.raises(ValueError, match="no passes"):
+        fit(kernel, [], [], [], m=M, b=B)
+
+
+def test_an_ill_conditioned_fit_warns():
+    # two pass sizes, U within 2e-6 of 8n: (E.1)'s columns are nearly dependent, yet of full rank
+    n = np.array([2, 2, 3, 3])
+    U = n * M + np.array([0, 1e-6, 0, 2e-6])
+    with pytest.warns(RuntimeWarning, match=r"fit \(E.1\) of kernel 'dedup' is ill-conditioned: condition number"):
+        f = fit("dedup", U, n, 1e-4 + U * B / 8e9 + 1e-5 * n, m=M, b=B)
+    assert f.rank == 3 and f.cond > COND_WARN
+
+
+def test_pass_sizes_of_the_fits():
+    assert fit_pass_sizes(range(1, 10)) == list(range(2, 10)) and fit_pass_sizes([3, 2, 2]) == [2, 3]
+    for n in ([1], [2], [1, 2], [2, 2]):
+        with pytest.raises(ValueError, match="at least 2 sizes n >= 2"):
+            fit_pass_sizes(n)
 
 
 def test_well_posed_fit_does_not_warn_and_cond_ignores_units():

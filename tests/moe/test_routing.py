@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from moespec.models import synthetic
-from moespec.moe.routing import RoutingRecorder, experts_modules, record, record_to_file, tokenize
-from moespec.moe.traces import RoutingTrace
+from moespec.moe.routing import RoutingRecorder, experts_modules, moe_shape, record, record_to_file, tokenize
+from moespec.moe.traces import RoutingTrace, read_header
+from moespec.provenance import model_fingerprint
 
 MOE_PRESETS = ["olmoe-tiny", "qwen3moe-tiny", "mixtral-tiny", "deepseekv2-tiny", "gptoss-tiny"]
 
@@ -44,6 +45,10 @@ def test_recorded_experts_are_the_routers_choice(name, tmp_path):
     record_to_file(model, docs, tmp_path / "t.parquet", chunk=12, model_spec=f"synthetic:{name}")
     back = RoutingTrace.load(tmp_path / "t.parquet")
     assert back.doc_ids == ("doc0", "doc1") and back.model == f"synthetic:{name}"
+    # the model that routed, by fingerprint, in the file's header and in memory (the chain's checks read it)
+    assert back.model_fingerprint == trace.model_fingerprint == model_fingerprint(model)
+    assert read_header(tmp_path / "t.parquet") == back.header()
+    assert moe_shape(model) == {"num_experts": trace.num_experts, "top_k": m, "num_layers": L}
     assert back.expert_bytes == trace.expert_bytes
     for a, b in zip(back.documents, trace.documents):
         np.testing.assert_array_equal(a, b)

@@ -17,6 +17,7 @@ import torch
 
 from moespec import artifacts
 from moespec.bench import expert_op
+from moespec.bench.lineage import PER_POINT, check_chain, of_model
 from moespec.bench.timing import CacheFlusher, read_bandwidth
 from moespec.costmodel import bandwidth, fit
 from moespec.costmodel.predict import crossover as crossover_from_saving
@@ -24,6 +25,7 @@ from moespec.kernel_names import COST_DEDUP, COST_KERNELS, COST_SLOT
 from moespec.moe.experts import expert_views, find_experts
 from moespec.moe.traces import RoutingTrace, mean_union
 from moespec.pointlog import PointLog
+from moespec.provenance import trace_fingerprint
 
 KIND = "characterize"
 # Defaults sized for a full OLMoE-width characterization of two layers in < 10 min on 2 CPU cores.
@@ -40,23 +42,32 @@ def points_path(out: str | Path) -> Path:
     return out.with_name(out.name + ".points.jsonl")
 
 
-def _experts_source(model: Any, dtype):
-    """(getter layer -> experts module, number of MoE layers or None, label) for a spec or a module."""
+def _experts_source(model: Any, dtype, spec: str | None):
+    """(getter layer -> experts module, number of MoE layers or None, label, the model's provenance)
+    for a spec or a module; `spec` names a module's model in its provenance."""
     if isinstance(model, torch.nn.Module):
         found = find_experts(model)
         if not found:
             raise ValueError(f"{type(model).__name__} holds no transformers experts module")
-        return (lambda l: found[l]), len(found), getattr(model, "name_or_path", type(model).__name__)
+        label = spec or getattr(model, "name_or_path", "") or type(model).__name__
+        provenance = of_model(spec, model, experts=PER_POINT) if hasattr(model, "config") else {"model": spec}
+        return (lambda l: found[l]), len(found), label, provenance
     spec = str(model)
     if spec.startswith("synthetic:"):
         from moespec.models.load import load
 
         built, _ = load(spec, dtype=dtype)
         found = find_experts(built)
-        return (lambda l: found[l]), len(found), spec
+        return (lambda l: found[l]), len(found), spec, of_model(spec, built, experts=PER_POINT)
     if not Path(spec).expanduser().is_dir():
         raise ValueError(f"model {spec!r} is neither synthetic:NAME, a local checkpoint folder, nor a module")
-    return (lambda l: expert_op.load_layer_experts(Path(spec).expanduser(), l, dtype=dtype)), None, spec
+    # a folder's layers are loaded one at a time: no whole model to fingerprint
+    provenance = {"model": spec, "dtype": None if dtype is None else str(dtype).removeprefix("torch.")}
+    return (lambda l: expert_op.load_layer_experts(Path(spec).expanduser(), l, dtype=dtype)), None, spec, provenance
+
+
+def _named(what: str, source: Any) -> str:
+    return what if isinstance(source, RoutingTrace) else f"{what} {source}"
 
 
 def characterize(
@@ -77,6 +88,8 @@ def characterize(
     flush_bytes: int | None = None,
     seed: int = 0,
     progress: bool = False,
+    model_spec: str | None = None,
+    restart: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark on `layers` and return (and write to `out`) the "characterize" payload.
 
@@ -87,25 +100,34 @@ def characterize(
     whole-model verify passes verify (`bench.verify.verified_routing`); its windows are timed too
     (`verified_reps` repetitions, default `reps`), for the measured-time version of the prediction,
     and take no part in the fits or ε. With `out`, finished points are appended to
-    `<out>.points.jsonl` and skipped on a rerun.
+    `<out>.points.jsonl` and skipped on a rerun under the same provenance (the model, its fingerprint,
+    dtype, experts, the traces' fingerprints, seed, u_points, windows, warmup, flush bytes), else
+    ProvenanceMismatch; `restart` moves the log to `<name>.old`. model_spec: the spec of a module.
     """
     n_values = sorted({int(x) for x in n})
     if not n_values or n_values[0] < 1:
         raise ValueError(f"pass sizes n must be >= 1, got {n_values}")
+    fit.fit_pass_sizes(n_values)
+    if min(reps, windows, reps if verified_reps is None else verified_reps) < 1 or warmup < 0:
+        raise ValueError(f"need reps, verified_reps and windows >= 1 and warmup >= 0; got reps={reps}, "
+                         f"verified_reps={verified_reps}, windows={windows}, warmup={warmup}")
+    if u_points is not None and u_points < 2:
+        raise ValueError(f"u_points={u_points}: give >= 2 U values per n, or None for every U")
     if not set(COST_KERNELS) <= set(kernels):
         raise ValueError(f"kernels {list(kernels)} must include {COST_KERNELS} (the fits need both)")
     trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
+    expert_op.resolve_layers(layers, trace.num_layers)  # a bad layer fails before the model loads
     windows_of = None
     if verified is not None:
         windows_of = verified if isinstance(verified, RoutingTrace) else RoutingTrace.load(verified)
-        shape = lambda t: (t.num_layers, t.num_experts, t.top_k)  # noqa: E731
-        if shape(windows_of) != shape(trace):
-            raise ValueError(f"the verified windows have (layers, experts, top-k) {shape(windows_of)}, the trace "
-                             f"{shape(trace)}; record both with the same model")
     verified_reps = reps if verified_reps is None else int(verified_reps)
+    get_experts, model_layers, label, target = _experts_source(model, dtype, model_spec)
+    named = {f"the model {label}": {"provenance": target}, _named("the trace", traces): trace}
+    if windows_of is not None:
+        named[_named("the verified routing", verified)] = windows_of
+    check_chain(named, fix="record the routing with this model (`moespec trace` / `moespec trace-verified`)")
     roof = read_bandwidth(nbytes=ROOF_BYTES, reps=3)
     flusher = CacheFlusher(flush_bytes)
-    get_experts, model_layers, label = _experts_source(model, dtype)
     if model_layers is not None and model_layers != trace.num_layers:
         raise ValueError(f"the model has {model_layers} MoE layers but the trace has {trace.num_layers}; "
                          "trace this model with `moespec trace`")
@@ -119,7 +141,12 @@ def characterize(
         order = np.random.default_rng(seed + 7919 * (l + 1)).permutation(len(passes))  # drift-neutral
         plan[l] = [passes[i] for i in order]
     extra = {l: expert_op.verified_passes(windows_of, l, n_values) if windows_of is not None else [] for l in layer_ids}
-    log = PointLog(points_path(out)) if out is not None else None
+    provenance = {**target, "num_experts": N, "top_k": m, "num_layers": trace.num_layers,
+                  "trace": trace_fingerprint(trace),
+                  "verified": None if windows_of is None else trace_fingerprint(windows_of),
+                  "options": {"seed": seed, "u_points": u_points, "windows": windows, "warmup": warmup,
+                              "flush_bytes": flusher.nbytes}}
+    log = PointLog(points_path(out), provenance, restart=restart) if out is not None else None
     total = sum(expert_op.requested_bytes(k, p, trace.expert_bytes[l])
                 for l in layer_ids for p in plan[l] + extra[l] for k in kernels)
     records = []
@@ -138,6 +165,7 @@ def characterize(
     payload = summarize(records, trace, layer_ids, n_values)
     payload.update(
         model=label,
+        provenance=provenance,
         traces=str(traces) if not isinstance(traces, RoutingTrace) else trace.model,
         verified=None if windows_of is None else {"source": str(verified) if not isinstance(verified, RoutingTrace)
                                                   else windows_of.model, "documents": list(windows_of.doc_ids)},

@@ -6,7 +6,7 @@ and τ_meas(1); the verify-batch scaling curve (read from the verify times where
 passes, n <= 9 with the deduplicating kernel); the oracle sweep over k x a with each kernel (h(k),
 V(k), realized acceptance, tokens per step against G_a(k)); with a draft, the real-draft K-sweep.
 Every finished point goes to `<out stem>.points.jsonl` beside the artifact at once, so a rerun of
-the same command resumes where an interruption stopped it.
+the same command resumes where an interruption stopped it, under the same provenance only.
 
 Two presets: the default is demo-sized (one prompt, depth 512, 12 new tokens, the oracle sweep
 with the deduplicating kernel only) so that synthetic:olmoe-shaped fits in minutes on a laptop
@@ -22,11 +22,14 @@ from typing import Any, Callable
 
 from moespec import artifacts
 from moespec.bench import sweep, verify
+from moespec.bench.lineage import PER_POINT, check_chain, of_model
+from moespec.bench.measure_base import base_knobs, base_payload
 from moespec.bench.prompts import PROMPT_COUNT, STRIDE
 from moespec.bench.verify_times import ScalingCurve
 from moespec.costmodel.predict import ACCEPTANCE_GRID
 from moespec.kernel_names import DEDUP, ENGINE_KERNELS
 from moespec.pointlog import PointLog
+from moespec.provenance import model_provenance, trace_fingerprint
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ def _progress(total: int, enabled: bool):
 
 
 def _draft(draft_spec: str | None, prompt_lookup: int | None, seed: int):
-    """(proposer, name) for the real-draft sweep, or (None, None)."""
+    """(proposer, name, the draft model's provenance or None) for the real-draft sweep, or Nones."""
     from moespec.engine.proposers import DraftModel, PromptLookup
     from moespec.models.load import load
 
@@ -131,10 +134,10 @@ def _draft(draft_spec: str | None, prompt_lookup: int | None, seed: int):
         raise ValueError("give one draft: draft_spec or prompt_lookup, not both")
     if draft_spec is not None:
         model, _ = load(draft_spec, seed=seed)
-        return DraftModel(model), draft_spec
+        return DraftModel(model), draft_spec, model_provenance(draft_spec, model)
     if prompt_lookup is not None:
-        return PromptLookup(prompt_lookup), f"prompt-lookup:{prompt_lookup}"
-    return None, None
+        return PromptLookup(prompt_lookup), f"prompt-lookup:{prompt_lookup}", None
+    return None, None, None
 
 
 def measure(
@@ -149,6 +152,9 @@ def measure(
     on_point: Callable[[dict, bool], None] | None = None,
     loaded: tuple[Any, Any] | None = None,
     verified: Any = None,
+    base: bool = False,
+    points: str | Path | None = None,
+    restart: bool = False,
     **knobs,
 ) -> dict[str, Any]:
     """Measure `model_spec` and write the "measure" artifact to `out`; returns its payload.
@@ -160,13 +166,20 @@ def measure(
     new_tokens, ...) overriding the preset (`full` picks the paper's). `on_point(key, resumed)` runs
     after each point (the progress bar advances there too). verified: the routing of the verified
     text (`verify.verified_routing`, a RoutingTrace or its file), required by and only by op_layers.
+
+    base: write the base measurement that `predict` reads (`measure_base`: the verify times and the
+    h(k) probe, whose knobs replace acceptances, scaling_ns, oracle_kernels and oracle_reps).
+    points: the point log (default `<out stem>.points.jsonl`); a base and a sweep measurement may
+    share one, the sweep reading the base's verify passes back. It resumes only under this run's
+    provenance (model, fingerprint, dtype, experts, flush, layers, draft), else raises
+    `provenance.ProvenanceMismatch`; `restart` moves it to `<name>.old` and measures afresh.
     """
     from moespec.models.load import load
 
     unknown = set(knobs) - set(MeasureConfig.__dataclass_fields__)
     if unknown:
         raise TypeError(f"unknown measure knobs {sorted(unknown)}; known: {sorted(MeasureConfig.__dataclass_fields__)}")
-    cfg = MeasureConfig.preset(full, **knobs)
+    cfg = MeasureConfig.preset(full, **(base_knobs(knobs) if base else knobs))
     if bool(cfg.op_layers) != (verified is not None):
         raise ValueError(f"op_layers={list(cfg.op_layers)} and verified={verified!r}: timing the expert operation "
                          "between the verify passes needs both (the layers, and the verified windows from "
@@ -176,9 +189,17 @@ def measure(
 
         verified = RoutingTrace.load(verified)
     model, tokenizer = loaded if loaded is not None else load(model_spec, seed=cfg.seed, layers=layers)
-    draft, draft_name = _draft(draft_spec, prompt_lookup, cfg.seed)
+    draft, draft_name, draft_provenance = _draft(draft_spec, prompt_lookup, cfg.seed)
+    target = of_model(model_spec, model, experts=PER_POINT)
+    if verified is not None:
+        check_chain({f"the model {model_spec}": {"provenance": target}, "the verified routing": verified},
+                    fix="record the verified routing with this model: `moespec trace-verified --model MODEL`")
+    # what a point depends on beyond its key; the verified windows are this model's (checked above),
+    # and a longer recording of them keeps its first rows
+    provenance = {**target, "options": {"layers": layers, "flush": cfg.flush, "draft": draft_provenance}}
     out = Path(out)
-    log = PointLog(out.with_name(out.stem + ".points.jsonl"))
+    log = PointLog(out.with_name(out.stem + ".points.jsonl") if points is None else points, provenance,
+                   restart=restart)
     flush = verify.default_flusher(cfg.flush)
 
     total = (
@@ -221,6 +242,7 @@ def measure(
         )
     payload = {
         "model": model_spec,
+        "provenance": {**provenance, "verified": None if verified is None else trace_fingerprint(verified)},
         "layers": layers,
         "draft": draft_name,
         "config": cfg.to_dict(),
@@ -229,6 +251,8 @@ def measure(
         "oracle": oracle,
         "draft_sweep": drafted,
     }
+    if base:
+        payload = base_payload(payload)
     artifacts.write(out, "measure", payload)
     return payload
 

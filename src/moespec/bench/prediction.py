@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from moespec import artifacts
+from moespec.bench.lineage import check_chain
 from moespec.bench.prompts import verified_depth
 from moespec.bench.versions import CalibratedOn, HSource, Unavailable, VersionUnavailable, WindowSource
 from moespec.bench.sweep_cells import baseline, cell_throughput, resample_throughput
@@ -31,6 +32,7 @@ from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS, NonPositiveTime
 from moespec.costmodel.score import Score, score
 from moespec.kernel_names import DEDUP, SLOT, TO_ENGINE
 from moespec.moe.traces import RoutingTrace
+from moespec.provenance import trace_fingerprint
 
 KIND = "predict"
 # A characterization with ε >= 1/2 (fits off by half or more) still gives τ̂, Ŝ, the crossover and
@@ -155,8 +157,8 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
     h_all = measurement_base.get("h")
     if not h_all or str(times.depth) not in {str(k) for k in h_all}:
         raise VersionUnavailable(Unavailable.NO_H, (
-            f"the measurement has no h(k) at depth {times.depth}; write the base measurement with `moespec demo` "
-            "(its h probe) or add an \"h\" section {depth: {k: seconds}}"))
+            f"the measurement has no h(k) at depth {times.depth}; give the base measurement of `moespec measure "
+            "--base` (or of `moespec demo`), or add an \"h\" section {depth: {k: seconds}}"))
     h = _get(h_all, times.depth)
     ks = sorted(int(k) for k in h)
     if ks != list(range(len(ks))):
@@ -273,9 +275,22 @@ def predict_from_artifacts(
     depth: the context depth of the verify times and h(k) (default: the smallest measured).
     Raises VersionUnavailable (with its `Unavailable` reason) when the artifacts cannot give `version`.
     """
+    char, trace, base, _ = _inputs(characterization, traces, measurement_base, None)
+    return _predict(char, trace, base, version, depth, acceptance)[0]
+
+
+def _inputs(characterization, traces, measurement_base, sources: Mapping[str, str] | None):
+    """(characterization, trace, base measurement, the identity they share): refused unless they
+    describe one model (`lineage.check_chain`); `sources` names them by file in the message."""
     char = payload_of(characterization, "characterize")
     trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
-    return _predict(char, trace, payload_of(measurement_base, "measure"), version, depth, acceptance)[0]
+    base = payload_of(measurement_base, "measure")
+    named = dict(zip(("characterization", "traces", "measurement_base"), (char, trace, base)))
+    return char, trace, base, check_chain({_label(k, sources): v for k, v in named.items()})
+
+
+def _label(name: str, sources: Mapping[str, str] | None) -> str:
+    return f"{name} ({sources[name]})" if sources and name in sources else name
 
 
 def engine_eps(char: Mapping[str, Any]) -> float:
@@ -287,9 +302,7 @@ def predict_all(characterization, traces, measurement_base, *, acceptance: Seque
                 sources: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Every version at every measured depth: the "predict" payload. An unavailable version's entry
     is `VersionUnavailable.to_dict()`; its provenance fields are `bench.versions` enum values."""
-    char = payload_of(characterization, "characterize")
-    trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
-    base = payload_of(measurement_base, "measure")
+    char, trace, base, shared = _inputs(characterization, traces, measurement_base, sources)
     depths = []
     for v in base.get("verify", []):
         entry: dict[str, Any] = {"depth": int(v["depth"]), "versions": {}, "unavailable": {}}
@@ -304,7 +317,8 @@ def predict_all(characterization, traces, measurement_base, *, acceptance: Seque
         depths.append(entry)
     if not depths:
         raise ValueError("the measurement has no verify times; run the base measurement first")
-    return {"model": base.get("model"), "sources": dict(sources or {}),
+    return {"model": base.get("model"), "provenance": {**shared, "trace": trace_fingerprint(trace)},
+            "sources": dict(sources or {}),
             "h_source": HSource(base.get("h_source", HSource.GIVEN)),
             "characterized_layers": list(char["layers"]), "trace_layers": trace.num_layers,
             "eps": char["eps"], "eps_characterized": engine_eps(char),
@@ -365,9 +379,11 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
 
 
 def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str = "dedup") -> dict[str, Any]:
-    """Every available version at every depth scored: the "score" payload, unavailable entries as in predict's."""
+    """Every available version at every depth scored: the "score" payload, unavailable entries as in predict's.
+    Refused unless the prediction and the measurement describe one model (`lineage.check_chain`)."""
     meas = payload_of(measurement, "measure")
     pred = payload_of(prediction_payload, KIND)
+    shared = check_chain({"prediction": pred, "measurement": meas})
     out = []
     for entry in pred["depths"]:
         scored: dict[str, Any] = {"depth": entry["depth"], "versions": {}, "unavailable": dict(entry["unavailable"])}
@@ -378,4 +394,4 @@ def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str
             except VersionUnavailable as e:
                 scored["unavailable"][version] = e.to_dict()
         out.append(scored)
-    return {"model": pred.get("model"), "kernel": kernel, "depths": out}
+    return {"model": pred.get("model"), "provenance": shared, "kernel": kernel, "depths": out}

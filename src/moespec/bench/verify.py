@@ -153,7 +153,8 @@ def verified_routing(model, tokenizer, *, depths: Sequence[int] = (512,), prompt
     full = record(model, docs, chunk=PREFILL_CHUNK, model_spec=model_spec,
                   corpus=["moespec:data/prompts, greedy continuations"])
     return RoutingTrace([doc[-length:] for doc in full.documents], full.num_experts, full.expert_bytes,
-                        full.doc_ids, full.model, full.dtype, full.corpus, full.layers)
+                        full.doc_ids, full.model, full.dtype, full.corpus, full.layers,
+                        model_fingerprint=full.model_fingerprint)
 
 
 def verified_depth(doc_id: str) -> int | None:

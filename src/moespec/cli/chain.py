@@ -12,6 +12,7 @@ from rich.table import Table
 
 from moespec import artifacts
 from moespec.cli.app import app
+from moespec.cli.checks import interval, model_spec, output_file, output_folder
 from moespec.kernel_names import COST_DEDUP, COST_KERNELS
 from moespec.pipeline import DemoConfig
 
@@ -47,14 +48,30 @@ def _score_table(payload: dict) -> Table:
     return table
 
 
+def _exit_if_empty(console: Console, payload: dict, done: str) -> None:
+    """Exit 1 with one line saying why, when no version at any depth was `done` (predicted, scored)."""
+    if any(entry["versions"] for entry in payload["depths"]):
+        return
+    why = [(f"d={e['depth']} {v}: {u['reason']}", u["message"])
+           for e in payload["depths"] for v, u in e["unavailable"].items()]
+    console.print(f"{done} no version ({'; '.join(w for w, _ in why)}): {why[0][1] if why else 'no depth'}",
+                  markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
 @app.command("predict")
 def predict_command(
-    characterization: Path = typer.Option(..., "--characterization", help="characterize artifact"),
-    traces: Path = typer.Option(..., "--traces", help="routing trace (Parquet) of the same model"),
-    measurement: Path = typer.Option(..., "--measurement", help="base measurement: verify times and h(k)"),
-    out: Path = typer.Option(Path("prediction.json"), "--out", help="where to write the prediction"),
+    characterization: Path = typer.Option(..., "--characterization", exists=True, dir_okay=False,
+                                          help="characterize artifact"),
+    traces: Path = typer.Option(..., "--traces", exists=True, dir_okay=False,
+                                help="routing trace (Parquet) of the same model"),
+    measurement: Path = typer.Option(..., "--measurement", exists=True, dir_okay=False,
+                                     help="base measurement: verify times and h(k)"),
+    out: Path = typer.Option(Path("prediction.json"), "--out", callback=output_file,
+                             help="where to write the prediction"),
 ) -> None:
-    """Predict τ̂_p(n), Ŝ(n) with its band, the crossover, k̂*(a) and the speedup (22), in three versions."""
+    """Predict τ̂_p(n), Ŝ(n) with its band, the crossover, k̂*(a) and the speedup (22), in three versions;
+    exits 1, writing nothing, when no version can be predicted."""
     from moespec.bench.prediction import KIND, predict_all
 
     sources = {"characterization": str(characterization), "traces": str(traces), "measurement_base": str(measurement)}
@@ -62,20 +79,23 @@ def predict_command(
         payload = predict_all(characterization, traces, measurement, sources=sources)
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
-    artifacts.write(out, KIND, payload)
     console = Console()
     console.print(_prediction_table(payload))
+    _exit_if_empty(console, payload, "predicted")
+    artifacts.write(out, KIND, payload)
     console.print(f"wrote {out}")
 
 
 @app.command("score")
 def score_command(
-    prediction: Path = typer.Option(..., "--prediction", help="predict artifact"),
-    measurement: Path = typer.Option(..., "--measurement", help="measure artifact with the oracle sweep"),
-    out: Path = typer.Option(Path("score.json"), "--out", help="where to write the score"),
+    prediction: Path = typer.Option(..., "--prediction", exists=True, dir_okay=False, help="predict artifact"),
+    measurement: Path = typer.Option(..., "--measurement", exists=True, dir_okay=False,
+                                     help="measure artifact with the oracle sweep"),
+    out: Path = typer.Option(Path("score.json"), "--out", callback=output_file, help="where to write the score"),
     kernel: str = typer.Option(COST_DEDUP, help=f"the scored kernel: one of {COST_KERNELS}"),
 ) -> None:
-    """Score the prediction against the measurement: Tables 3, 4, 7 and the rules of Table 8."""
+    """Score the prediction against the measurement: Tables 3, 4, 7 and the rules of Table 8; exits 1,
+    writing nothing, when no version can be scored."""
     from moespec.bench.prediction import KIND, SCORE_KIND, score_all
 
     if kernel not in COST_KERNELS:
@@ -84,16 +104,19 @@ def score_command(
         payload = score_all(artifacts.load(prediction, KIND), measurement, kernel=kernel)
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
-    artifacts.write(out, SCORE_KIND, payload)
     console = Console()
     console.print(_score_table(payload))
+    _exit_if_empty(console, payload, "scored")
+    artifacts.write(out, SCORE_KIND, payload)
     console.print(f"wrote {out}")
 
 
 @app.command("report")
 def report_command(
-    run_dir: Path = typer.Option(..., "--dir", help="run folder holding the chain's artifacts"),
-    out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: DIR/report.html)"),
+    run_dir: Path = typer.Option(..., "--dir", exists=True, file_okay=False,
+                                 help="run folder holding the chain's artifacts"),
+    out: Optional[Path] = typer.Option(None, "--out", callback=output_file,
+                                       help="HTML file (default: DIR/report.html)"),
 ) -> None:
     """Write the self-contained HTML report (Figures 1–6, Tables 1, 3, 4, 7, 8) and summary.txt."""
     from moespec.report.build import build_report
@@ -109,10 +132,13 @@ def report_command(
 
 @app.command("demo")
 def demo_command(
-    out_dir: Path = typer.Option(Path("moespec-demo"), "--out-dir", help="run folder; finished steps are reused"),
+    out_dir: Path = typer.Option(Path("moespec-demo"), "--out-dir", callback=output_folder,
+                                 help="run folder; finished steps are reused"),
     full: bool = typer.Option(False, "--full", help="the paper's protocol: 6 prompts, 256 tokens, d = 512 and 4096"),
-    model: str = typer.Option("synthetic:olmoe-shaped", "--model", help="synthetic:NAME or a local checkpoint"),
-    layers: Optional[int] = typer.Option(None, "--layers", help="layers of a synthetic preset (default: the preset's)"),
+    model: str = typer.Option("synthetic:olmoe-shaped", "--model", callback=model_spec,
+                              help="synthetic:NAME or a local checkpoint"),
+    layers: Optional[int] = typer.Option(None, "--layers", callback=interval(1),
+                                         help="layers of a synthetic preset (default: the preset's)"),
     smoke: bool = typer.Option(False, "--smoke", help="plumbing check in seconds on olmoe-tiny (tiny settings)"),
     oracle_reps: Optional[int] = typer.Option(
         None, "--oracle-reps", min=1,
@@ -124,6 +150,8 @@ def demo_command(
         help=f"repetitions of every verify pass per prompt (demo: {_DEMO_MEASURE['reps']}); more lower the noise of "
              "τ_p(n), which the calibrated version is built on; on a finished run folder the base measurement and the "
              "prediction are made again, the sweep's runs reused"),
+    restart: bool = typer.Option(False, "--restart", help="move every artifact and point log of the run folder to "
+                                 "NAME.old and run the chain afresh (a folder made for another model is refused)"),
 ) -> None:
     """The whole chain: trace → characterize → measure → predict → sweep → score → report."""
     from moespec.pipeline import run_demo
@@ -138,7 +166,7 @@ def demo_command(
         config = make(model=model, layers=layers)
     knobs = {"oracle_reps": oracle_reps, "reps": verify_reps}
     config = replace(config, measure={**config.measure, **{k: v for k, v in knobs.items() if v is not None}})
-    result = run_demo(out_dir, config=config, progress=not smoke,
+    result = run_demo(out_dir, config=config, progress=not smoke, restart=restart,
                       echo=lambda text: console.print(text, markup=False, highlight=False))
     for name in ("prediction.json", "score.json"):
         kind = "predict" if name == "prediction.json" else "score"

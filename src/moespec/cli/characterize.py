@@ -16,9 +16,13 @@ from moespec.bench.characterize import (
     characterize as run_characterize,
     points_path,
 )
+from moespec.bench.expert_op import MOESPEC_KERNELS, TRANSFORMERS_KERNELS
+from moespec.cli import checks
 from moespec.cli.app import app
+from moespec.cli.checks import interval, model_spec, output_file
 from moespec.cli.traces import parse_n_range
-from moespec.kernel_names import COST_DEDUP, COST_SLOT
+from moespec.costmodel.fit import fit_pass_sizes
+from moespec.kernel_names import COST_DEDUP, COST_KERNELS, COST_SLOT
 
 
 def parse_layers(text: str) -> list[int | str]:
@@ -35,6 +39,29 @@ def parse_layers(text: str) -> list[int | str]:
     if not layers:
         raise typer.BadParameter("give at least one layer, e.g. --layers 0,mid")
     return layers
+
+
+def _fit_range(text: str) -> str:
+    """--n: a range holding the pass sizes that identify the fits (4) and (E.1), checked before timing."""
+    first, last = parse_n_range(text)
+    try:
+        fit_pass_sizes(range(first, last + 1))
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    return text
+
+
+def _u_points(value: int) -> int:
+    if value < 0 or value == 1:
+        raise typer.BadParameter(f"{value} is not valid; give 0 (every U) or >= 2 U values per n")
+    return value
+
+
+def _kernels(text: str) -> str:
+    names = [k.strip() for k in text.split(",") if k.strip()]
+    if not set(COST_KERNELS) <= set(names) or not set(names) <= {*MOESPEC_KERNELS, *TRANSFORMERS_KERNELS}:
+        raise typer.BadParameter(f"{text!r}: give slot, dedup and any of {', '.join(TRANSFORMERS_KERNELS)}")
+    return text
 
 
 def table(payload: dict) -> Table:
@@ -64,29 +91,42 @@ def table(payload: dict) -> Table:
 
 @app.command()
 def characterize(
-    model: str = typer.Option(..., "--model", help="synthetic:NAME or a local checkpoint folder"),
+    model: str = typer.Option(..., "--model", callback=model_spec, help="synthetic:NAME or a local checkpoint folder"),
     traces: Path = typer.Option(..., "--traces", help="routing trace of this model (from `moespec trace`)"),
     layers: str = typer.Option("0,mid", "--layers", help="MoE layers to time: indices or 'mid'"),
-    n: str = typer.Option("1..9", "--n", help="pass sizes, a range like 1..9 (the fits use n >= 2)"),
-    reps: int = typer.Option(DEFAULT_REPS, "--reps", help="timed repetitions per point"),
-    u_points: int = typer.Option(DEFAULT_U_POINTS, "--u-points", help="distinct-expert counts U per n on chosen ids (0: all)"),
-    windows: int = typer.Option(DEFAULT_WINDOWS, "--windows", help="windows of recorded routing per n"),
-    verified: Optional[Path] = typer.Option(None, "--verified", help="routing of the verified text (from "
-                                            "`moespec trace-verified`): its windows are timed for the measured-time version"),
-    verified_reps: Optional[int] = typer.Option(None, "--verified-reps", help="repetitions on those windows (default --reps)"),
-    kernels: str = typer.Option("slot,dedup", "--kernels", help="kernels: slot, dedup and any of eager, grouped_mm, batched_mm"),
-    dtype: str = typer.Option(None, "--dtype", help="weights dtype (default: the model's)"),
-    figure: Path = typer.Option(None, "--figure", help="Figure-2-style PNG (default: OUT with .png)"),
-    flush_mib: int = typer.Option(None, "--flush-mib", help="cache-flush buffer (default: 2x LLC, >= 256 MiB)"),
-    seed: int = typer.Option(0, "--seed"),
-    out: Path = typer.Option(Path("characterization.json"), "--out", help="the characterize artifact"),
+    n: str = typer.Option("1..9", "--n", callback=_fit_range,
+                          help="pass sizes, a range like 1..9 (the fits use n >= 2: at least two of them)"),
+    reps: int = typer.Option(DEFAULT_REPS, "--reps", callback=interval(1), help="timed repetitions per point"),
+    u_points: int = typer.Option(DEFAULT_U_POINTS, "--u-points", callback=_u_points,
+                                 help="distinct-expert counts U per n on chosen ids, >= 2 (0: all)"),
+    windows: int = typer.Option(DEFAULT_WINDOWS, "--windows", callback=interval(1),
+                                help="windows of recorded routing per n"),
+    verified: Optional[Path] = typer.Option(
+        None, "--verified", exists=True, dir_okay=False,
+        help="routing of the verified text (from `moespec trace-verified`): its windows are timed for the "
+             "measured-time version"),
+    verified_reps: Optional[int] = typer.Option(None, "--verified-reps", callback=interval(1),
+                                                help="repetitions on those windows (default --reps)"),
+    kernels: str = typer.Option("slot,dedup", "--kernels", callback=_kernels,
+                                help="kernels: slot, dedup and any of eager, grouped_mm, batched_mm"),
+    dtype: str = typer.Option(None, "--dtype", callback=checks.dtype, help="weights dtype (default: the model's)"),
+    figure: Path = typer.Option(None, "--figure", callback=output_file,
+                                help="Figure-2-style PNG (default: OUT with .png)"),
+    flush_mib: int = typer.Option(None, "--flush-mib", callback=interval(1),
+                                  help="cache-flush buffer (default: 2x LLC, >= 256 MiB)"),
+    seed: int = typer.Option(0, "--seed", callback=interval(0)),
+    out: Path = typer.Option(Path("characterization.json"), "--out", callback=output_file,
+                             help="the characterize artifact"),
+    restart: bool = typer.Option(False, "--restart", help="move a point log made under another provenance (model, "
+                                 "fingerprint, dtype, traces, --seed, --u-points, --windows) to NAME.old, start afresh"),
 ) -> None:
     """Time one or two layers' expert operation and write fits, bandwidths, r(n), ū(n) and ε.
 
-    Resumable: finished points are kept in OUT.points.jsonl and skipped when the command runs again.
+    Resumable: finished points are kept in OUT.points.jsonl and skipped when the command runs again
+    under the same provenance; under another it stops, naming both (or starts afresh with --restart).
     """
     console = Console()
-    if points_path(out).exists():
+    if points_path(out).exists() and not restart:
         console.print(f"resuming from {points_path(out)}")
     payload = run_characterize(
         model,
@@ -104,6 +144,7 @@ def characterize(
         flush_bytes=None if flush_mib is None else flush_mib * 1024**2,
         seed=seed,
         progress=True,
+        restart=restart,
     )
     from moespec.report.fig_bandwidth import plot_bandwidth
 

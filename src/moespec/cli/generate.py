@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec.cli.app import app
+from moespec.cli.checks import MAX_DRAFT, experts_implementation, interval, model_spec, output_file
 from moespec.kernel_names import AUTO
 
 
@@ -38,22 +39,30 @@ def _stats_table(title: str, stats) -> Table:
 
 @app.command("generate")
 def generate_cmd(
-    target: str = typer.Option(..., "--target", help="Target model: synthetic:NAME or a local checkpoint folder."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model spec (must share the target's tokenizer)."),
-    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="Draft by n-gram prompt lookup, n-gram size N."),
-    oracle_acceptance: Optional[float] = typer.Option(None, "--oracle-acceptance", help="Oracle draft at acceptance A (greedy only)."),
-    k: int = typer.Option(4, "-k", "--k", help="Draft tokens per round (0 = plain decoding)."),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy."),
-    top_k: Optional[int] = typer.Option(None, "--top-k"),
-    top_p: Optional[float] = typer.Option(None, "--top-p"),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
-    seed: int = typer.Option(0, "--seed"),
+    target: str = typer.Option(..., "--target", callback=model_spec,
+                               help="Target model: synthetic:NAME or a local checkpoint folder."),
+    draft: Optional[str] = typer.Option(None, "--draft", callback=model_spec,
+                                        help="Draft model spec (must share the target's tokenizer)."),
+    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", callback=interval(1),
+                                                help="Draft by n-gram prompt lookup, n-gram size N >= 1."),
+    oracle_acceptance: Optional[float] = typer.Option(None, "--oracle-acceptance", callback=interval(0, 1),
+                                                      help="Oracle draft at acceptance A in [0, 1] (greedy only)."),
+    k: int = typer.Option(4, "-k", "--k", callback=interval(0, MAX_DRAFT),
+                          help=f"Draft tokens per round, 0..{MAX_DRAFT} (0 = plain decoding)."),
+    temperature: float = typer.Option(0.0, "--temperature", callback=interval(0), help=">= 0; 0 is greedy."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", callback=interval(1), help="keep the k likeliest ids, k >= 1"),
+    top_p: Optional[float] = typer.Option(None, "--top-p", callback=interval(0, 1, lo_open=True),
+                                          help="nucleus sampling, p in (0, 1]"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", callback=interval(1), help="tokens to generate, >= 1"),
+    seed: int = typer.Option(0, "--seed", callback=interval(0)),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="Prompt text."),
-    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="Read the prompt from a file."),
+    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", exists=True, dir_okay=False,
+                                               help="Read the prompt from a UTF-8 text file."),
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding and print the speedup."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result artifact here."),
+    json_out: Optional[Path] = typer.Option(None, "--json", callback=output_file,
+                                            help="Write the result artifact here."),
     experts: str = typer.Option(
-        AUTO, "--experts",
+        AUTO, "--experts", callback=experts_implementation,
         help="Expert kernel of MoE models: moespec_auto (per-slot below the crossover, dedup from it), "
              "moespec_slot, moespec_dedup, or a transformers one (grouped_mm, batched_mm, eager). "
              "Dense models ignore it."),
@@ -63,12 +72,15 @@ def generate_cmd(
     from moespec.engine.decode import check_pairing, generate
     from moespec.engine.proposers import OracleDraft, PromptLookup
     from moespec.models.load import load
+    from moespec.moe.corpus import read_text
 
     if sum(x is not None for x in (draft, prompt_lookup, oracle_acceptance)) > 1:
         raise typer.BadParameter("choose at most one of --draft, --prompt-lookup, --oracle-acceptance")
     if (prompt is None) == (prompt_file is None):
         raise typer.BadParameter("give exactly one of --prompt and --prompt-file")
-    text = prompt if prompt is not None else prompt_file.read_text()
+    if oracle_acceptance is not None and temperature > 0:
+        raise typer.BadParameter(f"the oracle draft needs greedy decoding (--temperature 0), got --temperature {temperature}")
+    text = prompt if prompt is not None else read_text(prompt_file)
     console = Console()
 
     model, tok = load(target, experts_implementation=experts)

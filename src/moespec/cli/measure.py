@@ -9,43 +9,73 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from moespec.bench.measure_base import H_PROBE_ACCEPTANCE
+from moespec.bench.prompts import PROMPT_COUNT
 from moespec.cli.app import app
+from moespec.cli.checks import MAX_DRAFT, interval, model_spec, output_file
+from moespec.cli.characterize import parse_layers
 from moespec.kernel_names import ENGINE_KERNELS
+
+
+def _op_layers(text: str) -> str:
+    parse_layers(text)  # ints or "mid"; their range is checked against the verified routing
+    return text
 
 
 @app.command("measure")
 def measure_command(
-    model: str = typer.Option(..., "--model", help="target: synthetic:NAME or a local checkpoint folder"),
-    draft: Optional[str] = typer.Option(None, "--draft", help="draft model spec for the real-draft K-sweep"),
-    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="n-gram size: prompt lookup as the draft"),
-    depth: Optional[list[int]] = typer.Option(None, "--depth", help="context depth d in tokens (repeatable)"),
+    model: str = typer.Option(..., "--model", callback=model_spec,
+                              help="target: synthetic:NAME or a local checkpoint folder"),
+    draft: Optional[str] = typer.Option(None, "--draft", callback=model_spec,
+                                        help="draft model spec for the real-draft K-sweep"),
+    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", callback=interval(1),
+                                                help="n-gram size: prompt lookup as the draft"),
+    depth: Optional[list[int]] = typer.Option(None, "--depth", callback=interval(1),
+                                              help="context depth d in tokens (repeatable)"),
     full: bool = typer.Option(False, "--full", help="the paper's protocol: 6 prompts, d=512 and 4096, 256 tokens"),
-    reps: Optional[int] = typer.Option(None, "--reps", help="repetitions of each verify pass"),
-    stride: Optional[int] = typer.Option(None, "--stride", help="tokens of the greedy continuation between two "
-                                         "repetitions' windows (default 3)"),
-    prompts: Optional[int] = typer.Option(None, "--prompts", help="built-in prompts to use (1..6)"),
-    new_tokens: Optional[int] = typer.Option(None, "--new-tokens", help="tokens generated per sweep run"),
-    steps: Optional[int] = typer.Option(None, "--steps", help="each oracle run takes exactly this many steps "
-                                        "(verify passes of k + 1 tokens) instead of decoding --new-tokens"),
-    oracle_reps: Optional[int] = typer.Option(None, "--oracle-reps", help="runs of each oracle cell per prompt, "
-                                              "spread over the sweep"),
-    start_stride: Optional[int] = typer.Option(None, "--start-stride", help="tokens of the greedy text between the "
-                                               "starts of two oracle repetitions' runs (default 0: every run "
-                                               "starts at the prompt's end)"),
-    k: Optional[list[int]] = typer.Option(None, "--k", help="draft length of the oracle sweep (repeatable)"),
-    acceptance: Optional[list[float]] = typer.Option(None, "--acceptance", help="oracle acceptance a (repeatable)"),
-    n_max: Optional[int] = typer.Option(None, "--n-max", help="largest verify pass size n (default 9)"),
-    scaling_n_max: Optional[int] = typer.Option(None, "--scaling-n-max", help="largest n of the scaling curve (default 16; 0: skip)"),
-    layers: Optional[int] = typer.Option(None, "--layers", help="layers of a synthetic preset"),
+    reps: Optional[int] = typer.Option(None, "--reps", callback=interval(1), help="repetitions of each verify pass"),
+    stride: Optional[int] = typer.Option(None, "--stride", callback=interval(0), help="tokens of the greedy "
+                                         "continuation between two repetitions' windows (default 3)"),
+    prompts: Optional[int] = typer.Option(None, "--prompts", callback=interval(1, PROMPT_COUNT),
+                                          help=f"built-in prompts to use (1..{PROMPT_COUNT})"),
+    new_tokens: Optional[int] = typer.Option(None, "--new-tokens", callback=interval(1),
+                                             help="tokens generated per sweep run"),
+    steps: Optional[int] = typer.Option(None, "--steps", callback=interval(1), help="each oracle run takes "
+                                        "exactly this many steps (verify passes of k + 1 tokens) instead of decoding "
+                                        "--new-tokens"),
+    oracle_reps: Optional[int] = typer.Option(None, "--oracle-reps", callback=interval(1), help="runs of each oracle "
+                                              "cell per prompt, spread over the sweep"),
+    start_stride: Optional[int] = typer.Option(None, "--start-stride", help="tokens of the "
+                                               "greedy text between the starts of two oracle repetitions' runs "
+                                               "(default 0: every run starts at the prompt's end)"),
+    k: Optional[list[int]] = typer.Option(None, "--k", callback=interval(0, MAX_DRAFT),
+                                          help=f"draft length of the oracle sweep, 0..{MAX_DRAFT} (repeatable)"),
+    acceptance: Optional[list[float]] = typer.Option(None, "--acceptance", callback=interval(0, 1, hi_open=True),
+                                                     help="oracle acceptance a in [0, 1) (repeatable)"),
+    n_max: Optional[int] = typer.Option(None, "--n-max", callback=interval(1),
+                                        help="largest verify pass size n, >= 1 (default 9)"),
+    scaling_n_max: Optional[int] = typer.Option(None, "--scaling-n-max", callback=interval(0),
+                                                help="largest n of the scaling curve (default 16; 0: skip)"),
+    layers: Optional[int] = typer.Option(None, "--layers", callback=interval(1), help="layers of a synthetic preset"),
     flush: bool = typer.Option(True, "--flush/--no-flush", help="flush the cache before each timed pass (App. D)"),
-    out: Path = typer.Option(Path("measurement.json"), "--out", help="where to write the measure artifact"),
+    out: Path = typer.Option(Path("measurement.json"), "--out", callback=output_file,
+                             help="where to write the measure artifact"),
     verified: Optional[Path] = typer.Option(
-        None, "--verified", help="routing of the verified text (`moespec trace-verified`): time the expert operation "
-        "of --op-layers on each verify pass's own window right after the pass (for the measured-time version)"),
-    op_layers: str = typer.Option("0,mid", "--op-layers", help="with --verified: MoE layers, ints or 'mid' "
-                                  "(give the characterized ones)"),
+        None, "--verified", exists=True, dir_okay=False, help="routing of the verified text (`moespec "
+        "trace-verified`): time the expert operation of --op-layers on each verify pass's own window right after the "
+        "pass (for the measured-time version)"),
+    op_layers: str = typer.Option("0,mid", "--op-layers", callback=_op_layers, help="with --verified: MoE layers, "
+                                  "ints or 'mid' (give the characterized ones)"),
+    base: bool = typer.Option(False, "--base", help="write the base measurement that `moespec predict` reads: the "
+                              f"verify times and h(k), probed at a = {H_PROBE_ACCEPTANCE} off the scored grid; no sweep"),
+    points: Optional[Path] = typer.Option(None, "--points", help="the point log (default: OUT's stem + "
+                                          ".points.jsonl); a base and a sweep measurement given one share "
+                                          "their verify passes"),
+    restart: bool = typer.Option(False, "--restart", help="move a point log made under another provenance "
+                                 "(model, fingerprint, dtype, --flush, --layers, draft) to NAME.old and measure afresh"),
 ) -> None:
-    """Measure τ_p(n), S(n), the scaling curve, h(k) and the oracle (and draft) sweeps; resumable."""
+    """Measure τ_p(n), S(n), the scaling curve, h(k) and the oracle (and draft) sweeps; resumable under
+    the same provenance. With --base: the verify times and the h(k) probe only."""
     from moespec.bench.measure import measure
 
     knobs = dict(depths=depth or None, reps=reps, stride=stride, prompts=prompts, new_tokens=new_tokens, oracle_steps=steps,
@@ -53,6 +83,10 @@ def measure_command(
                  acceptances=acceptance or None, ns=range(1, n_max + 1) if n_max else None,
                  scaling_ns=range(1, scaling_n_max + 1) if scaling_n_max is not None else None)
     knobs = {name: value for name, value in knobs.items() if value is not None}
+    overridden = sorted({"acceptances", "oracle_reps", "scaling_ns"} & set(knobs)) if base else []
+    if overridden:
+        raise typer.BadParameter(f"--base probes h(k) at its own acceptance with no scaling curve; {overridden} do "
+                                 "not apply: drop --acceptance, --oracle-reps and --scaling-n-max")
     if not flush:
         knobs["flush"] = False
     try:
@@ -62,7 +96,8 @@ def measure_command(
 
             windows = RoutingTrace.load(verified)
             knobs.update(verified=windows, op_layers=resolve_layers(op_layers.split(","), windows.num_layers))
-        payload = measure(model, draft_spec=draft, prompt_lookup=prompt_lookup, full=full, out=out, layers=layers, **knobs)
+        payload = measure(model, draft_spec=draft, prompt_lookup=prompt_lookup, full=full, out=out, layers=layers,
+                          base=base, points=points, restart=restart, **knobs)
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
     console = Console()
@@ -81,4 +116,6 @@ def measure_command(
     for entry in payload["oracle"]:
         h = ", ".join(f"{1e3 * float(x):.1f}" for x in entry["h"].values())
         console.print(f"oracle sweep {entry['kernel']} d={entry['depth']}: h(k) ms = {h}")
+    for depth, h in payload.get("h", {}).items():
+        console.print(f"h(k) probe d={depth}: h(k) ms = {', '.join(f'{1e3 * float(x):.1f}' for x in h.values())}")
     console.print(f"wrote {out}")

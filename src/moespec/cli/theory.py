@@ -11,15 +11,36 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec.cli.app import app
-from moespec.costmodel.theory import summarize
+from moespec.cli.checks import output_file
+from moespec.costmodel.theory import check_acceptance, check_step_times, summarize
 
 
-def _parse_number(text: str, what: str) -> Fraction:
+def _parse_number(text: str, option: str) -> Fraction:
     """A decimal or a ratio such as 7/20, kept exact so that the calculator computes exactly."""
     try:
         return Fraction(text.strip())
     except (ValueError, ZeroDivisionError):
-        raise typer.BadParameter(f"{what} {text!r} is not a number (write 12.5 or 25/2)") from None
+        raise typer.BadParameter(f"{text!r} is not a number (write 12.5 or 25/2)", param_hint=option) from None
+
+
+def _step_times(text: str) -> list:
+    """V(0..kmax) from "10,11,13": every entry a positive number (an empty one is a typo, not skipped)."""
+    entries = text.split(",")
+    for i, entry in enumerate(entries):
+        if not entry.strip():
+            raise typer.BadParameter(f"entry {i + 1} of {text!r} is empty; write V(0),V(1),... such as 10,11,13",
+                                     param_hint="'--step-times'")
+    try:
+        return check_step_times([_parse_number(v, "'--step-times'") for v in entries])
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="'--step-times'") from None
+
+
+def _acceptances(texts: list[str]) -> list:
+    try:
+        return [check_acceptance(_parse_number(a, "'--acceptance'")) for a in texts]
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="'--acceptance'") from None
 
 
 def _fmt(x) -> str:
@@ -34,15 +55,11 @@ def theory(
     acceptance: list[str] = typer.Option(
         [], "--acceptance", "-a", help="acceptance rate a in [0, 1) at which to report k*(a); repeatable"
     ),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="also write the result as a JSON artifact"),
+    json_out: Optional[Path] = typer.Option(None, "--json", callback=output_file,
+                                            help="also write the result as a JSON artifact"),
 ) -> None:
     """Best draft length k*(a), its speedup, the step points a_j and a0 from step times V(0..kmax)."""
-    V = [_parse_number(v, "step time") for v in step_times.split(",") if v.strip()]
-    acc = [_parse_number(a, "acceptance") for a in acceptance]
-    try:
-        s = summarize(V, acc)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
+    s = summarize(_step_times(step_times), _acceptances(acceptance))
     console = Console()
 
     steps = Table("k", "V(k)", "c_k = V(k) - V(k-1)", title="step times")

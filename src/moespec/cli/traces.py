@@ -11,7 +11,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from moespec import artifacts
+from moespec.bench.prompts import PROMPT_COUNT
+from moespec.cli import checks
 from moespec.cli.app import app
+from moespec.cli.checks import interval, model_spec, output_file
 
 
 def parse_n_range(text: str) -> tuple[int, int]:
@@ -26,16 +29,24 @@ def parse_n_range(text: str) -> tuple[int, int]:
     return a, b
 
 
+def _n_range(text: str) -> str:
+    parse_n_range(text)
+    return text
+
+
 @app.command()
 def trace(
-    model: str = typer.Option(..., "--model", help="synthetic:NAME or a local checkpoint folder"),
-    corpus: Optional[list[Path]] = typer.Option(None, "--corpus", help="UTF-8 text files (default: the built-in corpus)"),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="stop after this many tokens in all"),
-    out: Path = typer.Option(..., "--out", help="the Parquet trace to write"),
-    dtype: str = typer.Option("float32", help="model dtype"),
-    chunk: int = typer.Option(512, help="tokens per forward pass; the cache carries positions across chunks"),
+    model: str = typer.Option(..., "--model", callback=model_spec, help="synthetic:NAME or a local checkpoint folder"),
+    corpus: Optional[list[Path]] = typer.Option(None, "--corpus", exists=True, dir_okay=False,
+                                                help="UTF-8 text files (default: the built-in corpus)"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", callback=interval(1),
+                                             help="stop after this many tokens in all"),
+    out: Path = typer.Option(..., "--out", callback=output_file, help="the Parquet trace to write"),
+    dtype: str = typer.Option("float32", callback=checks.dtype, help="model dtype"),
+    chunk: int = typer.Option(512, callback=interval(1),
+                              help="tokens per forward pass; the cache carries positions across chunks"),
     weights: bool = typer.Option(False, help="also store the router's weights of the selected experts"),
-    seed: int = typer.Option(0, help="seed of a synthetic preset's weights"),
+    seed: int = typer.Option(0, callback=interval(0), help="seed of a synthetic preset's weights"),
 ) -> None:
     """Record the experts each token selects in every MoE layer, reading a corpus by teacher forcing."""
     from moespec.models.load import load
@@ -59,18 +70,20 @@ def trace(
 
 @app.command("trace-verified")
 def trace_verified(
-    model: str = typer.Option(..., "--model", help="synthetic:NAME or a local checkpoint folder"),
-    depth: Optional[list[int]] = typer.Option(None, "--depth", help="context depth d, as given to `moespec measure` "
-                                              "(repeatable; default 512)"),
-    prompts: int = typer.Option(1, "--prompts", help="built-in prompts, as given to `moespec measure` (1..6)"),
-    n_max: int = typer.Option(9, "--n-max", help="largest verify pass size n"),
-    reps: int = typer.Option(3, "--reps", help="verify repetitions, as given to `moespec measure`: repetition r "
-                             "verifies the window --stride x r tokens into the continuation"),
-    stride: int = typer.Option(3, "--stride", help="tokens between two repetitions' windows, as given to "
-                               "`moespec measure`"),
-    out: Path = typer.Option(Path("verified.parquet"), "--out", help="the Parquet trace to write"),
-    dtype: str = typer.Option("float32", help="model dtype"),
-    seed: int = typer.Option(0, help="seed of a synthetic preset's weights"),
+    model: str = typer.Option(..., "--model", callback=model_spec, help="synthetic:NAME or a local checkpoint folder"),
+    depth: Optional[list[int]] = typer.Option(None, "--depth", callback=interval(1), help="context depth d, as given "
+                                              "to `moespec measure` (repeatable; default 512)"),
+    prompts: int = typer.Option(1, "--prompts", callback=interval(1, PROMPT_COUNT),
+                                help=f"built-in prompts, as given to `moespec measure` (1..{PROMPT_COUNT})"),
+    n_max: int = typer.Option(9, "--n-max", callback=interval(1), help="largest verify pass size n, >= 1"),
+    reps: int = typer.Option(3, "--reps", callback=interval(1), help="verify repetitions, as given to `moespec "
+                             "measure`: repetition r verifies the window --stride x r tokens into the continuation"),
+    stride: int = typer.Option(3, "--stride", callback=interval(0), help="tokens between two repetitions' windows, as "
+                               "given to `moespec measure`"),
+    out: Path = typer.Option(Path("verified.parquet"), "--out", callback=output_file,
+                             help="the Parquet trace to write"),
+    dtype: str = typer.Option("float32", callback=checks.dtype, help="model dtype"),
+    seed: int = typer.Option(0, callback=interval(0), help="seed of a synthetic preset's weights"),
 ) -> None:
     """Record the routing of the tokens `moespec measure` verifies: for each depth and prompt, the
     target's greedy continuation of the prompt's first d tokens, as long as the verify passes read.
@@ -80,8 +93,6 @@ def trace_verified(
     from moespec.bench.verify import verified_routing
     from moespec.models.load import load
 
-    if reps < 1 or stride < 0:
-        raise typer.BadParameter(f"--reps {reps} --stride {stride}: give reps >= 1 and stride >= 0")
     net, tok = load(model, dtype=dtype, seed=seed)
     length = continuation_length(reps, n_max, stride)
     try:
@@ -100,12 +111,15 @@ def _cell(value: float, lo: float, hi: float) -> str:
 
 @app.command("reuse")
 def reuse_command(
-    trace_path: Path = typer.Argument(..., metavar="TRACES", help="a trace written by `moespec trace`"),
-    n: str = typer.Option("1..9", "--n", help="pass sizes, as 1..9"),
-    out: Optional[Path] = typer.Option(None, "--out", help="write the figures as a JSON artifact"),
-    figure: Optional[Path] = typer.Option(None, "--figure", help="write Figure 1 (reuse vs n) as PNG"),
-    resamples: int = typer.Option(2000, help="bootstrap resamples of documents"),
-    seed: int = typer.Option(0, help="bootstrap seed"),
+    trace_path: Path = typer.Argument(..., metavar="TRACES", exists=True, dir_okay=False,
+                                      help="a trace written by `moespec trace`"),
+    n: str = typer.Option("1..9", "--n", callback=_n_range, help="pass sizes, as 1..9 (n >= 1)"),
+    out: Optional[Path] = typer.Option(None, "--out", callback=output_file,
+                                       help="write the figures as a JSON artifact"),
+    figure: Optional[Path] = typer.Option(None, "--figure", callback=output_file,
+                                          help="write Figure 1 (reuse vs n) as PNG"),
+    resamples: int = typer.Option(2000, callback=interval(1), help="bootstrap resamples of documents"),
+    seed: int = typer.Option(0, callback=interval(0), help="bootstrap seed"),
 ) -> None:
     """Reuse rho(n), byte share u_bar(n) and distinct share U/(nm) of a trace, with 95% intervals."""
     from moespec.moe.reuse import analyze
@@ -126,7 +140,11 @@ def reuse_command(
         )
     Console().print(table)
     if out is not None:
+        from moespec.bench.lineage import identity
+        from moespec.provenance import trace_fingerprint
+
         payload = {"trace": str(trace_path), "model": tr.model, "dtype": tr.dtype, "corpus": list(tr.corpus),
+                   "provenance": {**identity(tr), "trace": trace_fingerprint(tr)},
                    "n_range": [first, last], "analysis": a.to_dict()}
         artifacts.write(out, "reuse", payload)
         Console().print(f"wrote {out}")

@@ -24,6 +24,7 @@ from moespec.kernel_names import COST_DEDUP, COST_KERNELS, COST_SLOT
 
 COEFFICIENTS = {COST_SLOT: ("t_op", "c_u", "c_re"), COST_DEDUP: ("t_op", "c_g", "c_t")}
 COND_WARN = 1e6  # condition number of the column-scaled design above which a fit is unreliable
+MIN_FIT_SIZES = 2  # pass sizes n >= 2 the fits need: at one n, t_op is collinear with the other columns
 
 
 def design(kernel: str, U, n, m: int, b: float) -> np.ndarray:
@@ -108,12 +109,28 @@ class ExpertFit:
         )
 
 
+def _span(values) -> str:
+    v = np.atleast_1d(np.asarray(values, dtype=float))
+    return f"{v.min():g}" if v.min() == v.max() else f"{v.min():g}..{v.max():g}"
+
+
+def fit_pass_sizes(n_values) -> list[int]:
+    """The pass sizes n >= 2 of `n_values` that the fits (4) and (E.1) use; ValueError when fewer than
+    MIN_FIT_SIZES: at a single n, (4)'s bytes columns sum to n m b and (E.1)'s n column is constant."""
+    sizes = sorted({int(x) for x in n_values if x >= 2})
+    if len(sizes) < MIN_FIT_SIZES:
+        raise ValueError(f"the fits (4) and (E.1) need passes of at least {MIN_FIT_SIZES} sizes n >= 2, got n = "
+                         f"{sorted({int(x) for x in n_values})}; give n from 1 to 3 or more, such as 1..9")
+    return sizes
+
+
 def fit(kernel: str, U, n, t, *, m: int, b: float) -> ExpertFit:
     """Least squares of (4) (kernel "slot") or (E.1) (kernel "dedup") on passes with chosen ids.
 
     U: [P] distinct experts per pass; n: [P] tokens per pass; t: [P] median operation times, seconds;
-    m: slots per token; b: bytes of one expert. Warns when the design is rank deficient or
-    ill-conditioned (for instance when no pass repeats an expert, so c_re is not identified).
+    m: slots per token; b: bytes of one expert. Raises ValueError when the design is rank deficient
+    (its coefficients are not identified: one pass size, or no pass repeats an expert, so c_re is
+    not separated) and warns when it is ill-conditioned.
     """
     X = design(kernel, U, n, m, b)
     t = np.asarray(t, dtype=float)
@@ -127,13 +144,19 @@ def fit(kernel: str, U, n, t, *, m: int, b: float) -> ExpertFit:
     scale = np.where(norms > 0, norms, 1.0)
     Xs = X / scale
     coef_s, _, rank, sv = np.linalg.lstsq(Xs, t, rcond=None)
+    name = f"fit ({'4' if kernel == COST_SLOT else 'E.1'}) of kernel {kernel!r}"
+    if rank < X.shape[1]:
+        spans = f"{len(t)} passes at n = {_span(n)}, U = {_span(U)}" if len(t) else "no passes"
+        raise ValueError(
+            f"{name} is rank deficient (rank {rank} of {X.shape[1]}, {spans}): {', '.join(COEFFICIENTS[kernel])} "
+            f"are not identified; time passes of at least {MIN_FIT_SIZES} sizes n >= 2 with several U at each n, "
+            "with and without repeats")
     coef = coef_s / scale
-    cond = float(sv[0] / sv[-1]) if sv[-1] > 0 else float("inf")
-    if rank < X.shape[1] or cond > COND_WARN:
+    cond = float(sv[0] / sv[-1])
+    if cond > COND_WARN:
         warnings.warn(
-            f"fit ({'4' if kernel == COST_SLOT else 'E.1'}) of kernel {kernel!r} is ill-conditioned: rank {rank} "
-            f"of {X.shape[1]}, condition number {cond:.3g}; use chosen ids that span several U at each n, "
-            "with and without repeats",
+            f"{name} is ill-conditioned: condition number {cond:.3g} (above {COND_WARN:.0e}), so its coefficients "
+            "are unreliable; time passes of more sizes n and more U at each n, with and without repeats",
             RuntimeWarning,
             stacklevel=2,
         )

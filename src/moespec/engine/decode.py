@@ -61,6 +61,14 @@ def _as_prompt(input_ids) -> torch.Tensor:
     return ids
 
 
+def _narrow_message(vocab: int, target_width: int, draft_width: int | None) -> str:
+    """Why a vocabulary of `vocab` ids does not fit the output layers (logits per position)."""
+    if draft_width is not None and draft_width < vocab:
+        return (f"the draft's output layer has {draft_width} logits, fewer than the {vocab} ids of the vocabulary "
+                f"(the target has {target_width}); pair a draft whose output layer covers the tokenizer")
+    return f"vocab_limit={vocab} is above the target's logit width {target_width}; give vocab_limit <= {target_width}"
+
+
 def _as_proposer(draft) -> Proposer | None:
     if draft is None or isinstance(draft, Proposer):
         return draft
@@ -95,7 +103,8 @@ def generate(
     temperature/top-k/top-p target sampling, greedy at temperature 0, seeded by `seed`.
     vocab_limit: ids >= vocab_limit are never produced (the tokenizer's length when the output
     layer is padded); default: the smaller of the models' declared `moespec_vocab_limit` (synthetic
-    presets declare theirs) and the shared logit width. Stops after exactly `max_new_tokens` tokens
+    presets declare theirs), else the shared logit width; a limit above that width (a draft narrower
+    than the vocabulary) is a ValueError. Stops after exactly `max_new_tokens` tokens
     or at an EOS (kept in the output), whichever comes first; with `max_steps`, also after that many
     rounds (benchmarks that want every round at its full draft length give max_new_tokens room
     for max_steps * (k + 1) tokens).
@@ -122,6 +131,8 @@ def generate(
     if vocab_limit is None:
         declared = [m.vocab_limit for m in (tgt, draft_cache) if m is not None and m.vocab_limit]
         vocab_limit = min(declared) if declared else None
+    if vocab_limit is not None and vocab_limit > width:
+        raise ValueError(_narrow_message(vocab_limit, tgt.width, None if draft_cache is None else draft_cache.width))
     sampler = Sampler(config, width=width, vocab_limit=vocab_limit, seed=seed)
     if proposer is not None:
         proposer.begin(target=tgt, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler)
@@ -164,7 +175,7 @@ def generate(
         else:  # the last committed token was emitted, not yet fed: feed it with the drafts
             logits = tgt.extend(torch.cat((seq[L - 1: L], x)) if n else seq[L - 1: L])  # [n+1, V]
         t2 = time.perf_counter()
-        a, nxt = sampler.verify(sampler.prepare(logits), x, proposal.q)
+        a, nxt = sampler.verify(sampler.prepare(logits, position=L), x, proposal.q)
         cut = proposal.marked_from
         if cut is not None and cut < a:  # drafts from the marked one on count as rejected
             a, nxt = cut, x[cut]  # the target accepted draft cut: it is the round's token there

@@ -68,6 +68,15 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, r / total.clamp(min=torch.finfo(r.dtype).tiny), p)
 
 
+def _no_distribution(z: torch.Tensor, top: torch.Tensor, position: int | None) -> None:
+    """Raise for the first row of z [n, W] whose maximum `top` [n] is not finite."""
+    i = int((~torch.isfinite(top)).nonzero()[0])
+    row = z[i]
+    what = "NaN" if torch.isnan(row).any() else "+inf" if torch.isposinf(row).any() else "-inf at every allowed id"
+    where = f"row {i}" if position is None else f"row {i} (predicting sequence position {position + i})"
+    raise ValueError(f"the model returned logits with {what} at {where}; check its weights and dtype (try dtype=float32)")
+
+
 class Sampler:
     """Turns logits into distributions and runs the accept/resample walk of one round.
 
@@ -77,9 +86,9 @@ class Sampler:
     def __init__(self, config: SamplingConfig, *, width: int, vocab_limit: int | None = None, seed: int = 0):
         if width < 1:
             raise ValueError(f"sampling width must be >= 1, got {width}")
-        limit = width if vocab_limit is None else min(int(vocab_limit), width)
-        if limit < 1:
-            raise ValueError(f"vocab_limit must be >= 1, got {vocab_limit}")
+        limit = width if vocab_limit is None else int(vocab_limit)
+        if not 1 <= limit <= width:
+            raise ValueError(f"vocab_limit must be in 1..{width} (the logit width), got {vocab_limit}")
         self.config = config
         self.width = width
         self.vocab_limit = limit
@@ -92,18 +101,20 @@ class Sampler:
     def greedy(self) -> bool:
         return self.config.greedy
 
-    def prepare(self, logits: torch.Tensor) -> torch.Tensor:
+    def prepare(self, logits: torch.Tensor, position: int | None = None) -> torch.Tensor:
         """Distributions from logits: [n, V >= W] -> [n, W] float32 on the CPU.
 
         Probabilities when sampling; when greedy, the masked logits (only their argmax is used).
+        position: the sequence position the first row predicts, named when a row has no distribution.
         """
         if logits.shape[-1] < self.width:
             raise ValueError(f"logits have width {logits.shape[-1]}, below the shared width {self.width}")
         z = logits[..., : self.width].to(device="cpu", dtype=torch.float32)
-        if torch.isnan(z).any():
-            raise ValueError("the model returned NaN logits; check its weights and dtype (try dtype=float32)")
         if self._mask is not None:
             z = z.masked_fill(self._mask, float("-inf"))
+        top = z.amax(-1)  # [n]; NaN or +inf anywhere in a row, or a row all -inf, leaves no distribution
+        if not torch.isfinite(top).all():
+            _no_distribution(z, top, position)
         cfg = self.config
         if cfg.greedy:
             return z

@@ -46,6 +46,14 @@ def _named_texts(items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(f"{stem}:{i}", doc) for stem, text in items for i, doc in enumerate(split_documents(text))]
 
 
+def read_text(path) -> str:
+    """A UTF-8 text file's contents (a Path or a package resource); ValueError naming the file if not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); convert it to UTF-8") from None
+
+
 def read_corpus(files: Iterable[str | Path]) -> list[tuple[str, str]]:
     """(doc id, text) for every document of the given UTF-8 text files, in order."""
     items = []
@@ -53,7 +61,7 @@ def read_corpus(files: Iterable[str | Path]) -> list[tuple[str, str]]:
         path = Path(f)
         if not path.is_file():
             raise ValueError(f"corpus file {path} does not exist; pass UTF-8 text files to --corpus")
-        items.append((path.stem, path.read_text(encoding="utf-8")))
+        items.append((path.stem, read_text(path)))
     return _named_texts(items)
 
 
@@ -63,4 +71,4 @@ def default_corpus() -> list[tuple[str, str]]:
     files = sorted((p for p in root.iterdir() if p.name.endswith(".txt")), key=lambda p: p.name) if root.is_dir() else []
     if not files:
         raise ValueError("the default corpus moespec/data/corpus/*.txt is missing; reinstall moespec or pass --corpus")
-    return _named_texts((p.name[: -len(".txt")], p.read_text(encoding="utf-8")) for p in files)
+    return _named_texts((p.name[: -len(".txt")], read_text(p)) for p in files)

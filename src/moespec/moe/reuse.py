@@ -227,6 +227,8 @@ def analyze(trace, n_max: int = DEFAULT_N_MAX, *, resamples: int = DEFAULT_RESAM
     alpha = 100 * (1 - confidence) / 2
 
     def band(key: str) -> Band:
+        if boot[key].shape[-1] == 0:  # rho_bar_k at n_max = 1: no draft length k = n - 1 >= 1
+            return Band((), (), ())
         lo, hi = np.nanpercentile(boot[key], [alpha, 100 - alpha], axis=0)
         return Band(tuple(point[key].tolist()), tuple(lo.tolist()), tuple(hi.tolist()))
 

@@ -8,6 +8,7 @@ like and whichever experts implementation (eager, moespec_*, grouped_mm) then ru
 
 Documents are read by teacher forcing, in chunks that continue one key-value cache, so a long
 document costs bounded memory and no position is lost: a chunked trace equals a one-pass trace.
+A trace records the model's spec, dtype and fingerprint (`provenance.model_fingerprint`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torch import nn
 
 from moespec.moe.experts import expert_bytes
 from moespec.moe.traces import RoutingTrace, TraceWriter
+from moespec.provenance import model_fingerprint
 
 DEFAULT_CHUNK = 512
 
@@ -132,7 +134,8 @@ def record(model: nn.Module, documents: Iterable[tuple[str, Sequence[int]]], *, 
             docs.append(np.concatenate([p[0] for p in parts]))
             weights.append(np.concatenate([p[1] for p in parts]))
     return RoutingTrace(docs, rec.num_experts, rec.expert_bytes, tuple(ids), model_spec, str(_dtype(model)),
-                        tuple(corpus), tuple(i for i, _ in rec.layers), weights if with_weights else None)
+                        tuple(corpus), tuple(i for i, _ in rec.layers), weights if with_weights else None,
+                        model_fingerprint(model))
 
 
 def _dtype(model: nn.Module) -> str:
@@ -168,7 +171,8 @@ def record_to_file(model: nn.Module, documents: Iterable[tuple[str, Sequence[int
     docs = 0
     with rec, TraceWriter(out, num_experts=rec.num_experts, top_k=_top_k(model), expert_bytes=rec.expert_bytes,
                           layers=[i for i, _ in rec.layers], model=model_spec, dtype=_dtype(model),
-                          corpus=corpus, has_weights=with_weights) as writer:
+                          corpus=corpus, has_weights=with_weights,
+                          model_fingerprint=model_fingerprint(model)) as writer:
         for doc_id, ids in documents:
             docs += bool(len(ids))
             for experts, weights in record_chunks(model, ids, chunk=chunk, recorder=rec):
@@ -184,3 +188,11 @@ def _top_k(model: nn.Module) -> int:
     if m is None:
         raise ValueError(f"{type(model.config).__name__} has no num_experts_per_tok; is this an MoE model?")
     return int(m)
+
+
+def moe_shape(model: nn.Module) -> dict[str, int | None]:
+    """{"num_experts": N, "top_k": m, "num_layers": L} of an MoE model; every value None for a dense one."""
+    layers = experts_modules(model)
+    if not layers:
+        return {"num_experts": None, "top_k": None, "num_layers": None}
+    return {"num_experts": int(layers[0][1].num_experts), "top_k": _top_k(model), "num_layers": len(layers)}

@@ -51,7 +51,8 @@ class RoutingTrace:
 
     documents: D int16 arrays [T_d, L, m]; expert_bytes: w_l, [L]; weights: None or D float32
     arrays [T_d, L, m] (the router's weights of the selected experts); layers: the decoder-layer
-    index of each MoE layer, [L].
+    index of each MoE layer, [L]; model_fingerprint: `provenance.model_fingerprint` of the model
+    that routed ("" when unknown).
     """
 
     documents: list
@@ -63,6 +64,7 @@ class RoutingTrace:
     corpus: tuple = ()
     layers: tuple = ()
     weights: list | None = None
+    model_fingerprint: str = ""
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
@@ -125,7 +127,7 @@ class RoutingTrace:
             "format": FORMAT, "version": FORMAT_VERSION, "num_experts": self.num_experts,
             "num_layers": self.num_layers, "top_k": self.top_k, "expert_bytes": list(self.expert_bytes),
             "layers": list(self.layers), "model": self.model, "dtype": self.dtype, "corpus": list(self.corpus),
-            "has_weights": self.weights is not None,
+            "has_weights": self.weights is not None, "model_fingerprint": self.model_fingerprint,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -142,7 +144,8 @@ class RoutingTrace:
 
 
 def _writer_kwargs(h: dict) -> dict:
-    keys = ("num_experts", "top_k", "expert_bytes", "layers", "model", "dtype", "corpus", "has_weights")
+    keys = ("num_experts", "top_k", "expert_bytes", "layers", "model", "dtype", "corpus", "has_weights",
+            "model_fingerprint")
     return {k: h[k] for k in keys}
 
 
@@ -155,7 +158,7 @@ class TraceWriter:
 
     def __init__(self, path: str | Path, *, num_experts: int, top_k: int, expert_bytes: Sequence[int],
                  layers: Sequence[int] = (), model: str = "", dtype: str = "", corpus: Sequence[str] = (),
-                 has_weights: bool = False):
+                 has_weights: bool = False, model_fingerprint: str = ""):
         self.path = Path(path)
         self.L, self.m, self.N = len(expert_bytes), int(top_k), int(num_experts)
         if not 1 <= self.m < self.N < 2**15 or self.L < 1 or min(expert_bytes) <= 0:
@@ -164,7 +167,7 @@ class TraceWriter:
             "format": FORMAT, "version": FORMAT_VERSION, "num_experts": self.N, "num_layers": self.L,
             "top_k": self.m, "expert_bytes": [int(x) for x in expert_bytes],
             "layers": [int(x) for x in layers] or list(range(self.L)), "model": model, "dtype": dtype,
-            "corpus": list(corpus), "has_weights": bool(has_weights),
+            "corpus": list(corpus), "has_weights": bool(has_weights), "model_fingerprint": model_fingerprint,
         }
         fields = [("doc_index", pa.int32()), ("doc_id", pa.string()), ("start", pa.int64()),
                   ("experts", pa.large_list(pa.int16()))]
@@ -222,7 +225,8 @@ class TraceWriter:
         self.close() if exc_type is None else self.abort()
 
 
-def _load(path: Path) -> RoutingTrace:
+def _open(path: Path) -> tuple[pq.ParquetFile, dict]:
+    """The Parquet file at `path` and its trace header, checked for format and version."""
     if not path.exists():
         raise FileNotFoundError(f"no routing trace at {path}; record one with `moespec trace`")
     try:
@@ -237,6 +241,16 @@ def _load(path: Path) -> RoutingTrace:
     if h.get("format") != FORMAT or h.get("version") != FORMAT_VERSION:
         raise ValueError(f"{path} has trace format {h.get('format')!r} v{h.get('version')}; this moespec "
                          f"reads {FORMAT!r} v{FORMAT_VERSION}; record it again with `moespec trace`")
+    return pf, h
+
+
+def read_header(path: str | Path) -> dict:
+    """The header of the trace at `path` (`RoutingTrace.header`'s keys), without reading its routing."""
+    return _open(Path(path))[1]
+
+
+def _load(path: Path) -> RoutingTrace:
+    pf, h = _open(path)
     L, m = h["num_layers"], h["top_k"]
     docs: dict[int, list] = {}
     try:
@@ -272,6 +286,7 @@ def _load(path: Path) -> RoutingTrace:
             weights.append(np.concatenate([c[3] for c in chunks]))
     try:
         return RoutingTrace(documents, h["num_experts"], tuple(h["expert_bytes"]), tuple(ids), h["model"],
-                            h["dtype"], tuple(h["corpus"]), tuple(h["layers"]), weights if h["has_weights"] else None)
+                            h["dtype"], tuple(h["corpus"]), tuple(h["layers"]), weights if h["has_weights"] else None,
+                            h.get("model_fingerprint", ""))
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path} does not match its own header: {e}") from e

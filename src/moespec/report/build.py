@@ -3,7 +3,8 @@ Figures 1–6 and Tables 1, 3, 4, 7 and 8 of this run (cost-model paper, Sec. 2 
 the same summary as plain text (summary.txt).
 
 Reads a run folder as `moespec demo` leaves it (traces.parquet, characterization.json,
-prediction.json, measurement.json, score.json); a missing artifact drops the parts that need it.
+prediction.json, measurement.json, score.json); a missing artifact drops the parts that need it, and
+artifacts of different models are refused (`bench.lineage.check_chain`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from moespec import artifacts
+from moespec.bench.lineage import check_chain
+from moespec.moe.traces import read_header
 from moespec.report.html import Figure, Section, Table, render
 from moespec.report.summary import as_text, crossover_shown, k_within_one, summary_blocks
 
@@ -129,6 +132,8 @@ def build_report(run_dir: str | Path, out: str | Path = "report.html") -> Path:
     run = _load_run(run_dir)
     if not run:
         raise FileNotFoundError(f"{run_dir} holds no artifact of the chain; run `moespec demo --out-dir {run_dir}`")
+    check_chain({FILES[name]: read_header(got) if name == "traces" else got for name, got in run.items()},
+                fix=f"make every artifact in {run_dir} with one model, or move the others away")
     out = Path(out)
     summary = summary_blocks(run)
     (out.parent / "summary.txt").write_text(as_text(summary), encoding="utf-8")
