@@ -10,7 +10,7 @@ from moespec.pointlog import PointLog
 from moespec.bench.prefilled import PrefilledTarget
 from moespec.bench.prompts import prompt_ids
 from moespec.bench.sweep import oracle_points, run_draft, run_oracle
-from moespec.bench.sweep_cells import SweepCell, baseline, resample_throughput, step_time
+from moespec.bench.sweep_cells import SweepCell, resample_throughput, step_time
 from moespec.kernel_names import DEDUP, ENGINE_KERNELS as KERNELS
 from moespec.engine.cached import CachedModel
 from moespec.engine.decode import generate
@@ -94,7 +94,6 @@ def test_oracle_sweep_invariants_and_resumption(tiny, tmp_path):
         assert plain["steps"] == sum(c["steps"] for c in zero)
         # one acceptance's runs after another, each in pass order (`resample_throughput` draws passes)
         assert plain["run_steps"] == [steps for c in zero for steps in c["run_steps"]]
-        assert baseline(entry, 0.5) is plain and baseline(entry, 0.9) is plain
     back = SweepCell.from_dict({k: v for k, v in out[0]["cells"][1].items() if k in SweepCell.__dataclass_fields__})
     assert back.throughput == pytest.approx(out[0]["cells"][1]["throughput"])
 

@@ -25,7 +25,7 @@ from moespec import artifacts
 from moespec.bench.lineage import check_chain
 from moespec.bench.prompts import verified_depth
 from moespec.bench.versions import CalibratedOn, HSource, Unavailable, VersionUnavailable, WindowSource
-from moespec.bench.sweep_cells import baseline, cell_throughput, resample_throughput
+from moespec.bench.sweep_cells import cell_throughput, resample_throughput
 from moespec.bench.verify_times import VerifyTimes, pass_time
 from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS, NonPositiveTime, Prediction, predict, window_times
@@ -342,7 +342,7 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
     which the prediction did not read; the in-sample errors from the fit half, which it did.
     kernel: the scored kernel ("dedup" or "slot"); its sweep gives the throughput T(k, a) on the
     prediction's acceptance grid, at k = 0 plain decoding's pooled over every acceptance
-    (`bench.sweep_cells.baseline`), and the measured step times V(k).
+    (the entry's "plain" cell), and the measured step times V(k).
     resamples: bootstrap resamples of the sweep's runs for the intervals of the scored figures
     (`costmodel.score.sweep_intervals`); 0, or a sweep that keeps no per-run steps, scores without.
     """
@@ -358,7 +358,7 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
     for a in prediction.acceptance:
         row = []
         for k in ks:
-            c = baseline(entry, a) if k == 0 else cells.get((k, round(float(a), 6)))  # k = 0: plain decoding
+            c = entry["plain"] if k == 0 else cells.get((k, round(float(a), 6)))  # k = 0: plain decoding, pooled
             if c is None:
                 raise VersionUnavailable(Unavailable.NO_SWEEP, (
                     f"the oracle sweep lacks k={k}, a={a}; sweep k = 0..{ks[-1]} at every a of the grid"))

@@ -69,7 +69,7 @@ def _oracle_order(ks: Sequence[int], acceptances: Sequence[float]) -> list[tuple
     descending in turn. k*(a) and the speedup over k = 0 compare runs at one a, so those run within
     a minute of each other: on a shared machine whose speed drifts by 10-20% over minutes, a k = 0
     run made once at the start set every speedup of the sweep by that moment's speed. k = 0 does not
-    use the oracle; its runs in every block pool into the sweep's baseline (`baseline`), measured at
+    use the oracle; its runs in every block pool into the sweep's baseline ("plain"), measured at
     the same moments as every cell."""
     order: list[tuple[int, float]] = []
     for j, a in enumerate(acceptances):
@@ -182,7 +182,7 @@ def run_oracle(
                 "kernel": kernel,
                 "depth": depth,
                 "cells": cells,
-                "plain": at_k[0].to_dict() if 0 in at_k else None,  # every k = 0 run: the baseline (`baseline`)
+                "plain": at_k[0].to_dict() if 0 in at_k else None,  # every k = 0 run, pooled: the baseline
                 "h": {str(k): c.h for k, c in at_k.items()},
                 "V": {str(k): c.step_s for k, c in at_k.items()},
             })

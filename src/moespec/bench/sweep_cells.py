@@ -189,19 +189,6 @@ def cell_throughput(cell: dict[str, Any]) -> float:
     return float(cell["step_throughput"])
 
 
-def baseline(entry: dict[str, Any], a: float | None) -> dict[str, Any] | None:
-    """The plain-decoding cell every speedup at acceptance `a` of an oracle entry is taken over.
-
-    Plain decoding (k = 0) drafts nothing, so its throughput does not depend on a: the k = 0 run in
-    each acceptance's block repeats one experiment, and the baseline pools all of them (`plain`): 11
-    times the steps of one cell on the paper's grid, at the same moments of the sweep as every other
-    cell. Taken at each a alone, the k = 0 cell's own noise (40 steps in the demo, +-3%
-    on this shared machine) went into every speedup and every k* comparison at that a. So the
-    baseline is the same at every `a`; None where the sweep ran no k = 0.
-    """
-    return entry["plain"]
-
-
 def resample_throughput(cells: Sequence[dict[str, Any]], resamples: int = 1000, seed: int = 0) -> np.ndarray:
     """[resamples, len(cells)]: each cell's T = G/V (`SweepCell.step_throughput`) on bootstrap
     resamples of the passes of a sweep.
