@@ -24,7 +24,7 @@ def _prediction_table(payload: dict) -> Table:
                   title=f"prediction, {payload.get('model')}")
     for entry in payload["depths"]:
         for version, p in entry["versions"].items():
-            k = p["k_star"]["dedup"]
+            k = p["k_star"][COST_DEDUP]
             table.add_row(str(entry["depth"]), version, str(p["crossover"] or "none"), " ".join(map(str, k)),
                           f"{max(p['speedup']['dedup']):.3f}x")
         for version, why in entry["unavailable"].items():

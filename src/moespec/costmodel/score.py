@@ -36,9 +36,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from moespec.costmodel.predict import Prediction, crossover
 from moespec.costmodel.bounds import speedup_bounds, step_time_delta, throughput_loss_bound
+from moespec.costmodel.predict import Prediction, crossover
 from moespec.costmodel.theory import best_draft_length, speedup
+from moespec.kernel_names import COST_DEDUP, COST_SLOT
 
 AMPLIFICATION_FLOOR = 5e-5  # seconds: Table 7 floors |S(n)| at 0.05 ms
 
@@ -278,7 +279,7 @@ def score(
     S_hi: Mapping[Any, float],
     throughput: Any,
     V: Sequence[float],
-    kernel: str = "dedup",
+    kernel: str = COST_DEDUP,
     S: Mapping[Any, float] | None = None,
     n_max: int | None = None,
     rules: ScoringRules = ScoringRules(),
@@ -320,16 +321,16 @@ def score(
 
     S_hat = [prediction.S[i] for i in idx]
     err = [abs(p - m) for p, m in zip(S_hat, S_meas)]
-    M_sum = [prediction.M["slot"][i] + prediction.M["dedup"][i] for i in idx]
+    M_sum = [prediction.M[COST_SLOT][i] + prediction.M[COST_DEDUP][i] for i in idx]
     c_pred, c_meas = crossover(ns, S_hat), crossover(ns, S_meas)
     # sign rule: only where the interval excludes 0, and the predicted sign must be the same
     decided = [(1 if l > 0 else -1, s) for l, h, s in zip(lo, hi, S_hat) if l > 0 or h < 0]
     sign_agree = sum(sign * s > 0 for sign, s in decided)
-    err_slot = _relative_errors([prediction.tau["slot"][i] for i in idx], t_slot)
-    err_dedup = _relative_errors([prediction.tau["dedup"][i] for i in idx], t_dedup)
-    in_slot = _relative_errors([prediction.tau["slot"][i] for i in idx],
+    err_slot = _relative_errors([prediction.tau[COST_SLOT][i] for i in idx], t_slot)
+    err_dedup = _relative_errors([prediction.tau[COST_DEDUP][i] for i in idx], t_dedup)
+    in_slot = _relative_errors([prediction.tau[COST_SLOT][i] for i in idx],
                                _at(tau_slot_in_sample, ns, "tau_slot_in_sample"))
-    in_dedup = _relative_errors([prediction.tau["dedup"][i] for i in idx],
+    in_dedup = _relative_errors([prediction.tau[COST_DEDUP][i] for i in idx],
                                 _at(tau_dedup_in_sample, ns, "tau_dedup_in_sample"))
     s_V = _speedups(V, prediction.acceptance)
     draft = _draft_figures(prediction, kernel, T, V, s_V)
