@@ -96,27 +96,14 @@ def run_oracle(
 ) -> list[dict[str, Any]]:
     """The oracle sweep; one entry per (kernel, depth) with a cell per (k, a), h(k) and V(k).
 
-    Kernels alternate innermost, run by run, so drift falls on both alike; at each a the draft
-    lengths, k = 0 included, run back to back (`_oracle_order`); each prompt's repetitions pass over
-    every cell in turn, so a cell's runs spread over the whole sweep and a prompt is prefilled once.
-    steps: every run takes exactly that many steps (`oracle_budget`) instead of decoding
-    `new_tokens`. Short runs in many repetitions put each cell at more moments of the machine's
-    drifting speed and put k = 0 and the other k of a block seconds apart; they cost nothing extra,
-    as a run has no set-up inside its clock beyond the prompt's cached rows. Greedy decoding.
-    The oracle's draws form one seeded sequence per sweep: a cell's runs (prompts x repetitions, in
-    run order) read consecutive stretches of it (`OracleDraft` offset), one draw per step,
-    stratified in blocks of one cell's steps when `steps` is given, so each cell's steps follow the
-    quantiles of the geometric law, and every cell reads the same draws (common random numbers
-    across k and a).
-
-    start_stride: repetition r's runs start r·start_stride tokens into the target's greedy text (the
-    prompt followed by that much of it, untimed). With `steps=1` every cell's steps then verify the
-    same windows of text, those starting at 0, T, 2T, ... tokens in, at every k and a: the oracle's
-    drafts are that text (`OracleDraft` marks wrong drafts, it does not replace them). A run of
-    several steps covers a stretch whose length grows with a (at a = 0.98 and k = 8, 4 steps read
-    36 tokens, at a = 0.2 about 5); where the greedy text cycles through a few ids, as on the
-    synthetic presets, stretches of different lengths route to different numbers of experts, and
-    the step time came to depend on a (BENCHMARKS.md, "One step per run").
+    Kernels alternate run by run; at each a the draft lengths, k = 0 included, run back to back
+    (`_oracle_order`); each prompt's repetitions pass over every cell in turn, so a cell's runs
+    spread over the whole sweep. Greedy decoding. steps: every run takes exactly that many steps
+    (`oracle_budget`) instead of decoding `new_tokens`. The oracle's draws form one seeded sequence
+    per sweep, stratified over a cell's steps and shared by every cell (common random numbers).
+    start_stride: repetition r's runs start r·start_stride tokens into the target's greedy text, so
+    with `steps=1` every cell verifies the same windows of text. Why each choice:
+    docs/methodology.md, "The oracle sweep".
     """
     if start_stride < 0:
         raise ValueError(f"start_stride must be >= 0 tokens, got {start_stride}")

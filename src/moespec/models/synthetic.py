@@ -43,10 +43,9 @@ class Preset:
     layers_key: str = "num_hidden_layers"
     experts_key: str | None = None  # None for dense models
     description: str = ""
-    # Token embeddings re-drawn at this std (None: the config's initializer_range). At init 0.02 the
-    # attention output dwarfs a token's embedding, so every token of a text routes to nearly the same
-    # experts (rho(2) 0.6-0.9 on our corpus); at 0.3 routing follows the token, and rho(2) on our
-    # corpus is 0.33-0.45 per layer, near a trained OLMoE's 0.36 and Qwen3's 0.48 (cost-model paper, Sec. 2).
+    # Token embeddings re-drawn at this std (None: the config's). At 0.02 every token routes alike
+    # (rho(2) 0.6-0.9); at 0.3 routing follows the token, rho(2) 0.33-0.45 per layer, near a trained
+    # OLMoE's 0.36 (cost-model paper, Sec. 2).
     embedding_std: float | None = None
 
 
