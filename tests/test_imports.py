@@ -14,6 +14,9 @@ import pytest
 TORCH_FREE = [
     "moespec",
     "moespec.kernel_names",
+    "moespec.engine.policy",
+    "moespec.pointlog",
+    "moespec.provenance",
     "moespec.artifacts",
     "moespec.costmodel",
     "moespec.costmodel.bandwidth",

@@ -36,6 +36,8 @@ def test_greedy_speculative_equals_transformers_generate(name, dense):
     for draft in (dense, OracleDraft(0.8, seed=3)):
         out = generate(target, prompt, draft=draft, k=3, max_new_tokens=NEW, vocab_limit=REAL)
         assert out.tokens == expected, (name, type(draft).__name__)
+    auto = generate(target, prompt, draft=dense, k="auto", max_k=4, max_new_tokens=NEW, vocab_limit=REAL)
+    assert auto.tokens == expected, (name, auto.stats.k_per_round)
     assert generate(target, prompt, k=0, max_new_tokens=NEW, vocab_limit=REAL).tokens == expected
     # the prompt's last token fed by the first round instead of the prefill: the same tokens
     late = generate(target, prompt, draft=OracleDraft(0.8, seed=3), k=3, max_new_tokens=NEW, vocab_limit=REAL,
@@ -80,6 +82,10 @@ def test_bad_input(olmoe, dense):
         generate(olmoe, [], max_new_tokens=4)
     with pytest.raises(ValueError, match="k must be"):
         generate(olmoe, [1, 2], k=-1)
+    with pytest.raises(ValueError, match="or \"auto\".*got 'fast'"):
+        generate(olmoe, [1, 2], k="fast")
+    with pytest.raises(ValueError, match="max_k must be an int >= 0, got 2.5"):
+        generate(olmoe, [1, 2], draft=dense, k="auto", max_k=2.5)
     with pytest.raises(ValueError, match="one sequence"):
         generate(olmoe, torch.zeros(2, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="max_new_tokens"):
@@ -140,6 +146,24 @@ def test_stats_round_trip_and_padding_never_sampled(olmoe, dense):
     assert again == out
     same_seed = generate(olmoe, [256, 65], draft=dense, k=4, temperature=1.5, max_new_tokens=30, seed=5, vocab_limit=REAL)
     assert same_seed.tokens == out.tokens
+
+
+def test_auto_records_its_choices_and_follows_a_seed(olmoe, dense):
+    prompt = [256, 72, 105]
+    ref = generate(olmoe, prompt, k=0, max_new_tokens=12, vocab_limit=REAL).tokens
+    # drafting 50x dearer than a plain round: E(k) <= k + 1 = 4 never pays, before or after the rescale
+    out = generate(olmoe, prompt, draft=dense, k="auto", max_k=3, step_times=[1.0, 50.0, 60.0, 70.0],
+                   max_new_tokens=12, vocab_limit=REAL)
+    s = out.stats
+    assert out.tokens == ref and s.k == 3 and s.k_per_round == (0,) * 12 and s.drafted == 0
+    # the first round's row came with the prefill: 11 timed plain rounds
+    assert s.policy["policy"] == "auto" and s.policy["seeded"] and s.policy["timed_rounds"] == [11, 0, 0, 0]
+    assert out.to_dict()["stats"]["k_per_round"] == [0] * 12 and type(out).from_dict(out.to_dict()) == out
+    # free drafts and every one accepted: each round drafts max_k = 3 and commits 4 tokens
+    out = generate(olmoe, prompt, draft=OracleDraft(1.0), k="auto", max_k=3, step_times=[1.0] * 4,
+                   max_new_tokens=12, vocab_limit=REAL)
+    assert out.tokens == ref and out.stats.k_per_round == (3, 3, 3) and out.stats.tokens_per_round == (4, 4, 4)
+    assert out.stats.policy["tests"] == [3, 3, 3]
 
 
 def test_synthetic_padding_ids_never_produced_without_a_tokenizer():

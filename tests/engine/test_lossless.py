@@ -1,16 +1,18 @@
 """Level 2 of the losslessness gate (engine paper Sec. 6.1): the whole loop on mock models.
 
 Target and draft are deterministic table models (conftest.TableLM, vocabulary 48 plus 4 padded ids
-with large logits). Speculative sampling and target-only sampling each pool 1,000 seeded
-generations of 25 tokens (20,000 tokens per method); a two-sample chi-square over the 48 token bins
-must give p > 0.01, and the same test must give p < 0.01 for a sampler that resamples from p
-instead of the residual. Greedy speculative output must equal plain greedy output bit for bit.
+with large logits). Speculative sampling (k = 4, and k = "auto" on a clock the models advance, so
+its choices repeat) and target-only sampling each pool 800 seeded generations of 25 tokens (20,000
+tokens per method); a two-sample chi-square over the 48 token bins must give p > 0.01, and the same
+test must give p < 0.01 for a sampler that resamples from p instead of the residual. Greedy
+speculative output must equal plain greedy output bit for bit.
 """
 
 import pytest
 import torch
 from scipy import stats as sps
 
+import moespec.engine.decode as decode
 import moespec.engine.sampling as sampling
 from moespec.engine.decode import generate
 from moespec.engine.proposers import DraftModel, OracleDraft, PromptLookup
@@ -19,7 +21,7 @@ V, PAD = 48, 4
 RUNS, TOKENS = 800, 25
 
 
-def _counts(target, draft, k: int, temperature: float = 1.0) -> torch.Tensor:
+def _counts(target, draft, k: int | str, temperature: float = 1.0) -> torch.Tensor:
     counts = torch.zeros(V + PAD, dtype=torch.long)
     for seed in range(RUNS):
         prompt = [seed % V, (7 * seed) % V]
@@ -40,12 +42,34 @@ def _pair(table_lm):
     return table_lm(V, seed=1, width=V + PAD), table_lm(V, seed=2, width=V + PAD, scale=0.6)
 
 
+class _Clock:
+    """Stands in for decode's `time`: each pass advances it by 1 + n/4 (target, n tokens) or 1/5
+    (draft), so V(k) = 5/4 + 9k/20 and k="auto" makes the same choices on every run."""
+
+    def __init__(self, target, draft):
+        self.now = 0.0
+        for lm, cost in ((target, lambda n: 1 + n / 4), (draft, lambda n: 0.2)):
+            lm.extend = self._timed(lm.extend, cost)
+
+    def _timed(self, extend, cost):
+        def timed(tokens):
+            self.now += cost(tokens.numel())
+            return extend(tokens)
+        return timed
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
 def test_speculative_sampling_matches_target_sampling(table_lm, monkeypatch):
     target, draft = _pair(table_lm)
     plain = _counts(target, None, k=0)
     spec = _counts(target, draft, k=4)
     assert plain[V:].sum() == 0 and spec[V:].sum() == 0, "a padded id was produced"
     assert _two_sample_p(spec, plain) > 0.01  # 20,000 tokens per method, gate threshold 0.01
+    monkeypatch.setattr(decode, "time", _Clock(target, draft))
+    auto = _counts(target, draft, k="auto")
+    assert _two_sample_p(auto, plain) > 0.01
 
     # A deliberately wrong sampler: on rejection, resample from p instead of max(0, p - q).
     monkeypatch.setattr(sampling, "residual_distribution", lambda p, q: p)
@@ -53,7 +77,7 @@ def test_speculative_sampling_matches_target_sampling(table_lm, monkeypatch):
     assert _two_sample_p(wrong, plain) < 0.01
 
 
-@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("k", [1, 2, 4, 8, "auto"])
 def test_greedy_is_bit_identical_for_every_proposer(table_lm, k):
     target, draft = _pair(table_lm)
     for seed in range(5):

@@ -17,6 +17,7 @@ import torch
 
 from moespec.device import peak_rss_bytes, synchronize
 from moespec.engine.cached import CachedModel
+from moespec.engine.policy import make_policy
 from moespec.engine.proposers import DraftModel, Proposal, Proposer
 from moespec.engine.sampling import Sampler, SamplingConfig
 from moespec.engine.stats import GenerationResult, Stats
@@ -85,7 +86,9 @@ def generate(
     input_ids: Sequence[int] | torch.Tensor,
     *,
     draft=None,
-    k: int = 4,
+    k: int | str = 4,
+    max_k: int = 8,
+    step_times: Sequence[float] | None = None,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -99,8 +102,13 @@ def generate(
     """Lossless speculative decoding of `target` from `input_ids`.
 
     target: a transformers causal LM (or a CachedModel). draft: None (plain decoding), a causal LM
-    (wrapped as DraftModel) or a `Proposer`. k: drafts per round (0 = plain decoding). Sampling is
-    temperature/top-k/top-p target sampling, greedy at temperature 0, seeded by `seed`.
+    (wrapped as DraftModel) or a `Proposer`. k: drafts per round (0 = plain decoding), or "auto": each
+    round drafts the k in 0..max_k with the most expected tokens per second (`policy.AutoK`), from
+    acceptance by position and step times learned from the past rounds; `step_times` (V(0..max_k),
+    seconds) seeds the step times. The choice depends on past rounds only, so decoding stays lossless
+    (greedy output is the same tokens); as it follows measured times, at temperature > 0 a seed fixes
+    the law of the output, not its tokens. Sampling is temperature/top-k/top-p target sampling, greedy at
+    temperature 0, seeded by `seed`.
     vocab_limit: ids >= vocab_limit are never produced (the tokenizer's length when the output
     layer is padded); default: the smaller of the models' declared `moespec_vocab_limit` (synthetic
     presets declare theirs), else the shared logit width; a limit above that width (a draft narrower
@@ -113,8 +121,7 @@ def generate(
     token, which the first round feeds with its drafts, so every round's pass verifies k + 1 tokens:
     each round is a step of the cost model (benchmarks of the step time). The output is the same.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k must be an int >= 0 (0 = plain decoding), got {k!r}")
+    policy = make_policy(k, max_k, step_times)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if max_steps is not None and max_steps < 1:
@@ -125,7 +132,7 @@ def generate(
     eos = set() if eos_token_id is None else {int(eos_token_id)} if isinstance(eos_token_id, int) else set(eos_token_id)
     tgt = target if isinstance(target, CachedModel) or hasattr(target, "extend") else CachedModel(target)
     tgt.reset()
-    proposer = _as_proposer(draft) if k > 0 else None
+    proposer = _as_proposer(draft) if policy.max_k > 0 else None
     draft_cache = proposer.cache if proposer is not None else None
     width = tgt.width if draft_cache is None else min(tgt.width, draft_cache.width)
     if vocab_limit is None:
@@ -138,11 +145,12 @@ def generate(
         proposer.begin(target=tgt, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler)
         tgt.forward_s = 0.0
 
-    seq = torch.empty(P + max_new_tokens + k + 1, dtype=torch.long)  # committed tokens, then room for a round
+    seq = torch.empty(P + max_new_tokens + policy.max_k + 1, dtype=torch.long)  # committed tokens, room for a round
     seq[:P] = prompt
     L = P
-    drafted, reached, accepted = [0] * k, [0] * k, [0] * k
+    drafted, reached, accepted = ([0] * policy.max_k for _ in range(3))
     per_round: list[int] = []
+    chosen: list[int] = []  # the policy's draft length for each round
     round_s: list[float] = []
     draft_s = verify_s = sampling_s = 0.0
     stop = "max_new_tokens"
@@ -162,7 +170,9 @@ def generate(
         if max_steps is not None and len(per_round) == max_steps:
             stop = "max_steps"
             break
-        kk = min(k, max_new_tokens - (L - P) - 1)  # a round emits up to kk+1 tokens: never past the budget
+        choice = policy.choose()
+        kk = min(choice, max_new_tokens - (L - P) - 1)  # a round emits up to kk+1 tokens: never past the budget
+        timed = pending is None  # a round whose first row came with the prefill is no step of V(k)
         t0 = time.perf_counter()
         proposal = proposer.propose(seq[:L], kk) if proposer is not None and kk > 0 else nothing
         t1 = time.perf_counter()
@@ -200,6 +210,8 @@ def generate(
         L += new
         per_round.append(new)
         round_s.append(time.perf_counter() - t0)
+        policy.update(n, a, min(a + 1, n), round_s[-1] if timed else None)
+        chosen.append(choice)
         draft_s += t1 - t0
         verify_s += t2 - t1
         sampling_s += t3 - t2
@@ -211,7 +223,7 @@ def generate(
     total = time.perf_counter() - t_start
 
     stats = Stats(
-        k=k,
+        k=policy.max_k,
         prompt_tokens=P,
         new_tokens=L - P,
         stop_reason=stop,
@@ -228,5 +240,7 @@ def generate(
         target_forward_s=tgt.forward_s,
         draft_forward_s=draft_cache.forward_s if draft_cache is not None else 0.0,
         peak_rss_bytes=peak_rss_bytes(),
+        k_per_round=tuple(chosen),
+        policy=policy.state(),
     )
     return GenerationResult(tokens=seq[P:L].tolist(), stats=stats)

@@ -17,12 +17,12 @@ tokens, not k + 1 (none at k = 0). The step time V(k) of the cost model is the l
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 
 @dataclass(frozen=True)
 class Stats:
-    """Figures of one `generate` call. Tuples indexed by draft position have length k."""
+    """Figures of one `generate` call. Tuples indexed by draft position have length k (max_k for k="auto")."""
 
     k: int
     prompt_tokens: int
@@ -41,6 +41,8 @@ class Stats:
     target_forward_s: float
     draft_forward_s: float
     peak_rss_bytes: int
+    k_per_round: tuple[int, ...] = ()  # [rounds] the draft length the policy chose (the budget may cap it)
+    policy: dict = field(default_factory=dict)  # the policy and, for k="auto", its estimates at the end
 
     @property
     def rounds(self) -> int:
@@ -120,8 +122,8 @@ class Stats:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Stats":
-        names = {f.name for f in fields(cls)}
-        missing = names - d.keys()
+        names = {f.name for f in fields(cls)} & d.keys()
+        missing = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING} - names
         if missing:
             raise ValueError(f"Stats.from_dict: missing keys {sorted(missing)}")
         return cls(**{n: tuple(d[n]) if isinstance(d[n], list) else d[n] for n in names})

@@ -1,0 +1,171 @@
+"""Draft-length policies: how many tokens each round drafts (cost-model paper Sec. 1, 3.2-3.3, App. B.1).
+
+A round that drafts k tokens commits E(k) = 1 + α_1 + α_1 α_2 + ... + α_1⋯α_k tokens on average,
+α_i the acceptance at draft position i once the walk reached it (E(k) = G_a(k) when every α_i = a),
+and takes V(k) seconds (k draft steps and a verify pass of k + 1 tokens). Its throughput is
+E(k)/V(k); k = 0 is plain decoding, and k beats it exactly when the speedup condition (8) holds.
+
+`FixedK` drafts the same k every round. `AutoK` drafts the smallest maximizer of E(k)/V(k) over
+k = 0..max_k under estimates taken from past rounds only, so the committed tokens follow the same
+law as at any fixed k: the choice changes how many tokens are drafted, never the law of those
+committed (nor, under greedy decoding, the tokens).
+
+AutoK's estimates and rules (every rule is deterministic, so a run can be repeated):
+- α_i: each test of position i (the walk reached it) succeeds when its draft was accepted. Each
+  drafting round first multiplies every position's successes s_i and tests n_i by
+  2^(-1/half_life), so a test's weight halves in half_life = 16 drafting rounds and a drift of the
+  text is followed within tens of rounds. Then α_i = (s_i + 2 α_{i-1}) / (n_i + 2) with α_0 = 1/2:
+  the prior of a position is the estimate before it, worth two tests (Laplace's rule at the first
+  round), so a position never tested equals the deepest tested one, and one with few recent tests
+  (stale, or reached rarely) leans on it instead of freezing an old value.
+- V(k): the median of the last `window` (9) timed rounds that drafted k, robust to a stray slow
+  round. A k never timed takes, given a seed V (e.g. a prediction artifact's step times), the seed
+  times the median ratio measured/seed over the timed k (the seed gives the shape, the rounds the
+  scale); without a seed, the least-squares line in k through the timed medians, never below the
+  fastest of them. Without a seed, an opening times one round at k_open = ceil(max_k / 2) and one
+  plain round, so that the line has two points.
+- exploration: a k never timed is drafted when its estimated throughput is the best, and is timed
+  then, so each k is explored about once. Once `refresh` (32) rounds have passed without a timed
+  plain round, a choice k >= 1 gives way to one plain round: V(0) is the bar "never slower than
+  plain" compares against. Once `refresh` rounds have drafted nothing, a choice of 0 gives way to
+  k = 1: acceptance is only seen by drafting, and the text may have become easier.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from statistics import median
+
+
+class FixedK:
+    """Every round drafts k tokens (0 = plain decoding)."""
+
+    def __init__(self, k: int):
+        self.k = self.max_k = k
+
+    def choose(self) -> int:
+        return self.k
+
+    def update(self, k: int, accepted: int, tested: int, seconds: float | None) -> None:
+        """A fixed k learns nothing from its rounds."""
+
+    def state(self) -> dict:
+        return {"policy": "fixed", "k": self.k}
+
+
+class AutoK:
+    """The cost-model policy: each round drafts argmax_k E(k)/V(k) under running estimates.
+
+    max_k: the largest draft length. V: optional seed of the step times V(0..max_k) in seconds.
+    prior: α_0, the prior of α_1 (prior_tests: the weight in tests of each position's prior).
+    half_life: drafting rounds after which a test's weight in α_i has halved. window: timed rounds
+    per k in the median. refresh: rounds between forced plain rounds (and forced one-draft rounds
+    while the choice is 0).
+    """
+
+    def __init__(self, max_k: int = 8, V: Sequence[float] | None = None, *, prior: float = 0.5,
+                 prior_tests: float = 2.0, half_life: float = 16.0, window: int = 9, refresh: int = 32):
+        if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 0:
+            raise ValueError(f"max_k must be an int >= 0, got {max_k!r}")
+        if V is not None:
+            V = list(V)
+            if len(V) != max_k + 1 or not all(math.isfinite(v) and v > 0 for v in V):
+                raise ValueError(f"V must give max_k + 1 = {max_k + 1} finite step times > 0 (V(0..max_k)), got {V!r}")
+        if not 0 <= prior <= 1 or prior_tests <= 0 or half_life <= 0 or window < 1 or refresh < 1:
+            raise ValueError(f"AutoK needs 0 <= prior <= 1 and prior_tests, half_life, window, refresh > 0; got "
+                             f"{prior}, {prior_tests}, {half_life}, {window}, {refresh}")
+        self.max_k, self.seed, self.prior, self.prior_tests = max_k, V, prior, prior_tests
+        self.decay = 2 ** (-1 / half_life)
+        self.refresh = refresh
+        self.k_open = (max_k + 1) // 2
+        self.tests = [0] * (max_k + 1)  # [max_k + 1] tests of position i (index 0 unused)
+        self._s = [0.0] * (max_k + 1)  # [max_k + 1] discounted successes of position i
+        self._n = [0.0] * (max_k + 1)  # [max_k + 1] discounted tests of position i
+        self.alpha = [prior] * (max_k + 1)  # [max_k + 1] α_i (index 0: the prior)
+        self._times = [deque(maxlen=window) for _ in range(max_k + 1)]  # recent round seconds per k
+        self._median: list[float | None] = [None] * (max_k + 1)
+        self.timed = [0] * (max_k + 1)  # [max_k + 1] timed rounds per k
+        self.V = self._step_times()  # [max_k + 1] estimated V(k), None until the opening is done
+        self.since_plain = self.since_draft = 0
+
+    def choose(self) -> int:
+        """The draft length of the next round, from the estimates alone."""
+        if self.max_k == 0:
+            return 0
+        V = self.V
+        if V is None:  # the opening: one timed round at k_open, then one plain round
+            return self.k_open if not any(self.timed[1:]) else 0
+        best, E, E_best, p = 0, 1, 1, 1
+        for k in range(1, self.max_k + 1):
+            p = p * self.alpha[k]
+            E = E + p
+            if E * V[best] > E_best * V[k]:  # E(k)/V(k) > E(best)/V(best), cross-multiplied
+                best, E_best = k, E
+        if best and self.since_plain >= self.refresh:
+            return 0
+        if not best and self.since_draft >= self.refresh:
+            return 1
+        return best
+
+    def update(self, k: int, accepted: int, tested: int, seconds: float | None) -> None:
+        """After a round that drafted k tokens: the walk tested positions 1..tested and accepted
+        1..accepted; seconds is the round's wall time, or None when the round is no step to time."""
+        if not 0 <= accepted <= tested <= k <= self.max_k:
+            raise ValueError(f"update needs 0 <= accepted <= tested <= k <= max_k = {self.max_k}; "
+                             f"got accepted={accepted}, tested={tested}, k={k}")
+        if k:  # a drafting round: older tests weigh less, then this round's count
+            m, alpha = self.prior_tests, self.alpha
+            for i in range(1, self.max_k + 1):
+                hit = i <= tested
+                self.tests[i] += hit
+                self._s[i] = self._s[i] * self.decay + (i <= accepted)
+                self._n[i] = self._n[i] * self.decay + hit
+                alpha[i] = (self._s[i] + m * alpha[i - 1]) / (self._n[i] + m)
+        self.since_draft = 0 if k else self.since_draft + 1
+        self.since_plain = 0 if k == 0 and seconds is not None else self.since_plain + 1
+        if seconds is not None:
+            self._times[k].append(seconds)
+            self.timed[k] += 1
+            self._median[k] = median(self._times[k])
+            self.V = self._step_times()
+
+    def _step_times(self) -> list | None:
+        """V(0..max_k): measured medians where timed, the scaled seed or the line elsewhere."""
+        timed = [(k, m) for k, m in enumerate(self._median) if m is not None]
+        if self.seed is not None:
+            if not timed:
+                return list(self.seed)
+            scale = median(m / self.seed[k] for k, m in timed)
+            return [self.seed[k] * scale if m is None else m for k, m in enumerate(self._median)]
+        if self._median[0] is None or len(timed) < 2:
+            return None
+        k_bar = sum(k for k, _ in timed) / len(timed)
+        m_bar = sum(m for _, m in timed) / len(timed)
+        slope = sum((k - k_bar) * (m - m_bar) for k, m in timed) / sum((k - k_bar) ** 2 for k, _ in timed)
+        floor = min(m for _, m in timed)
+        return [max(m_bar + slope * (k - k_bar), floor) if m is None else m for k, m in enumerate(self._median)]
+
+    def state(self) -> dict:
+        """The estimates as plain JSON numbers: α_1..α_max_k, tests per position, V(0..max_k), timed rounds per k."""
+        return {
+            "policy": "auto",
+            "max_k": self.max_k,
+            "acceptance": [float(a) for a in self.alpha[1:]],
+            "tests": self.tests[1:],
+            "step_s": None if self.V is None else [float(v) for v in self.V],
+            "timed_rounds": list(self.timed),
+            "seeded": self.seed is not None,
+        }
+
+
+def make_policy(k: int | str, max_k: int = 8, step_times: Sequence[float] | None = None) -> FixedK | AutoK:
+    """The policy for `generate(k=...)`: FixedK(k) for an int k >= 0, AutoK(max_k, step_times) for "auto"."""
+    if isinstance(k, str) and k == "auto":
+        return AutoK(max_k, V=step_times)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be an int >= 0 (0 = plain decoding) or \"auto\" (the cost-model policy), got {k!r}")
+    if step_times is not None:
+        raise ValueError(f"step_times seeds the policy of k=\"auto\"; with k={k} drop it or pass k=\"auto\"")
+    return FixedK(k)

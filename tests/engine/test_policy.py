@@ -1,0 +1,185 @@
+"""The draft-length policies alone, fed constructed rounds: with exact step times and acceptance
+AutoK is the staircase k*(a) of the cost model, and online it learns acceptance by position, step
+times, drift and the plain-decoding bar as engine/policy.py states."""
+
+from fractions import Fraction as F
+
+import numpy as np
+import pytest
+
+from moespec.costmodel.theory import best_draft_length, speculation_pays
+from moespec.engine.policy import AutoK, FixedK, make_policy
+
+LAM = 2 ** (-1 / 16)  # a test's weight after one more drafting round (half-life 16)
+
+STAIRCASES = [
+    [F(1), F(2), F(2)],  # the paper's jump example (App. B.3): k* goes 0 -> 2, never 1
+    [1 + F(k, 5) for k in range(9)],  # affine: some k pays exactly when a > 1/5 (Leviathan et al.)
+    [F(10), F(11), F(12), F(14), F(17), F(21)],  # convex
+    [F(5), F(6), F(6), F(9), F(9), F(9), F(13)],  # flat stretches, as a kernel crossover makes them
+]
+
+
+@pytest.mark.parametrize("V", STAIRCASES)
+def test_with_exact_step_times_and_acceptance_it_is_the_staircase(V):
+    for a in [F(i, 40) for i in range(40)]:
+        assert AutoK(len(V) - 1, V=V, prior=a).choose() == best_draft_length(V, a), (V, a)
+
+
+def test_staircase_on_float_step_times():
+    V = [10.0, 11.5, 12.6, 13.9, 15.5, 17.0, 19.2]
+    for a in np.linspace(0.0, 0.98, 50):
+        assert AutoK(6, V=V, prior=float(a)).choose() == best_draft_length(V, float(a)), a
+
+
+def test_hand_worked_choices():
+    jump = STAIRCASES[0]
+    # a = 1/2: E/V = 1, 3/4, 7/8; a = 9/10: 1, 19/20, 271/200
+    assert AutoK(2, V=jump, prior=F(1, 2)).choose() == 0
+    assert AutoK(2, V=jump, prior=F(9, 10)).choose() == 2
+    # affine, a = 1/2: E(1)/V(1) = (3/2)/(6/5) = 5/4 = (7/4)/(7/5) = E(2)/V(2); the smaller k wins
+    assert AutoK(8, V=STAIRCASES[1], prior=F(1, 2)).choose() == 1
+
+
+@pytest.mark.parametrize("V, a, k_at_three_fifths", [
+    ([F(1), F(3, 2), F(2), F(5, 2)], F(2, 5), 1),  # a + ... + a^k < k/2 for k = 1, 2, 3; at 3/5, 8/5 > 3/2
+    ([F(1), F(2), F(3), F(4)], F(9, 10), 0),  # V(k) = (k + 1) V(0): G_a(k) < k + 1, never pays
+])
+def test_drafts_nothing_where_no_k_satisfies_the_speedup_condition(V, a, k_at_three_fifths):
+    assert not speculation_pays(V, a)
+    assert AutoK(len(V) - 1, V=V, prior=a).choose() == 0
+    assert AutoK(len(V) - 1, V=V, prior=F(3, 5)).choose() == k_at_three_fifths
+
+
+def test_acceptance_is_estimated_by_position():
+    V = [F(1), F(11, 10), F(5, 4), F(7, 5), F(31, 20)]
+    policy = AutoK(4, V=V)
+    for _ in range(30):  # position 1 always accepted, position 2 always rejected, 3 and 4 never reached
+        policy.update(4, accepted=1, tested=2, seconds=None)
+    n = (1 - LAM**30) / (1 - LAM)  # discounted tests of positions 1 and 2: 17.156
+    a1 = (n + 2 * 0.5) / (n + 2)  # 0.9478
+    a2 = (0 + 2 * a1) / (n + 2)  # 0.0990; positions 3 and 4, never tested, equal it
+    assert policy.state()["acceptance"] == pytest.approx([a1, a2, a2, a2], abs=1e-12)
+    assert policy.state()["tests"] == [30, 30, 0, 0]
+    # E/V = 1, 1.948/1.1 = 1.771, 2.042/1.25 = 1.633, ...: one draft. The pooled rate 30/60 would give k*(1/2) = 2.
+    assert policy.choose() == 1
+    assert best_draft_length(V, F(1, 2)) == 2
+
+
+def test_acceptance_forgets_with_a_half_life_of_16_drafting_rounds():
+    policy = AutoK(1, V=[1.0, 1.1])
+    policy.update(1, accepted=1, tested=1, seconds=None)
+    assert policy.state()["acceptance"] == pytest.approx([2 / 3], abs=1e-12)  # Laplace's rule (1 + 1)/(2 + 1)
+    for _ in range(39):
+        policy.update(1, accepted=1, tested=1, seconds=None)
+    S = (1 - LAM**40) / (1 - LAM)  # 19.42 discounted successes in as many tests
+    assert policy.state()["acceptance"] == pytest.approx([(S + 1) / (S + 2)], abs=1e-12)  # 0.953
+    for _ in range(16):
+        policy.update(1, accepted=0, tested=1, seconds=None)
+    # the 40 successes now weigh half; the 16 failures (1 - 1/2)/(1 - LAM): 0.953 -> 0.456
+    s, n = S / 2, S / 2 + 0.5 / (1 - LAM)
+    assert policy.state()["acceptance"] == pytest.approx([(s + 1) / (n + 2)], abs=1e-12)
+    policy.update(0, accepted=0, tested=0, seconds=1.0)  # a plain round tests nothing and forgets nothing
+    assert policy.state()["acceptance"] == pytest.approx([(s + 1) / (n + 2)], abs=1e-12)
+
+
+def test_opening_then_the_line_through_the_timed_rounds():
+    policy = AutoK(8)
+    assert policy.choose() == 4  # k_open = ceil(8 / 2)
+    policy.update(4, accepted=2, tested=3, seconds=None)  # the first round, no step to time
+    assert policy.choose() == 4
+    policy.update(4, accepted=1, tested=2, seconds=1.4)
+    assert policy.choose() == 0 and policy.state()["step_s"] is None
+    policy.update(0, accepted=0, tested=0, seconds=1.0)
+    # line through (0, 1.0) and (4, 1.4): V = 1 + k/10
+    assert policy.state()["step_s"] == pytest.approx([1 + k / 10 for k in range(9)], abs=1e-12)
+    # position 1: 2 of 2, position 2: 1 of 2 (the older test discounted by LAM), position 3: 0 of 1
+    a1 = (1 + LAM + 1) / (1 + LAM + 2)  # 0.747
+    a2 = (LAM + 2 * a1) / (1 + LAM + 2)  # 0.620
+    a3 = (0 + 2 * a2) / (LAM + 2)  # 0.419, and positions 4..8 equal it
+    assert policy.state()["acceptance"] == pytest.approx([a1, a2] + [a3] * 6, abs=1e-12)
+    # E/V: 1.747/1.1 = 1.588, 2.210/1.2 = 1.842, 2.404/1.3 = 1.850, 2.486/1.4 = 1.776, ...
+    assert policy.choose() == 3
+
+
+def test_a_seed_gives_the_shape_and_the_timed_rounds_the_scale():
+    policy = AutoK(2, V=[2.0, 3.0, 4.0])
+    policy.update(1, accepted=0, tested=1, seconds=6.0)  # twice the seed at k = 1
+    assert policy.state()["step_s"] == [4.0, 6.0, 8.0]
+    policy.update(0, accepted=0, tested=0, seconds=3.0)  # ratios 1.5 and 2: their median 1.75
+    assert policy.state()["step_s"] == [3.0, 6.0, 7.0]
+
+
+def test_plain_and_one_draft_rounds_refresh_the_estimates():
+    pays = AutoK(1, V=[1.0, 1.1], prior=0.9)
+    for _ in range(31):
+        pays.update(1, accepted=1, tested=1, seconds=1.1)
+        assert pays.choose() == 1
+    pays.update(1, accepted=1, tested=1, seconds=1.1)
+    assert pays.choose() == 0  # 32 rounds without a plain one
+    pays.update(0, accepted=0, tested=0, seconds=1.0)
+    assert pays.choose() == 1
+    idle = AutoK(1, V=[1.0, 1.1], prior=0.0)
+    for _ in range(31):
+        idle.update(0, accepted=0, tested=0, seconds=1.0)
+        assert idle.choose() == 0
+    idle.update(0, accepted=0, tested=0, seconds=1.0)
+    assert idle.choose() == 1  # 32 rounds without a draft: probe acceptance at position 1
+
+
+def _round(policy, rng, a, V) -> int:
+    """One simulated round at the policy's choice: geometric acceptance at rate a, time V[k]."""
+    k = policy.choose()
+    accepted = 0
+    while accepted < k and rng.random() < a:
+        accepted += 1
+    policy.update(k, accepted, min(accepted + 1, k), float(V[k]))
+    return k
+
+
+def test_follows_a_drift_of_acceptance_within_tens_of_rounds():
+    V = [1 + F(k, 2) for k in range(9)]  # k*(0.9) = 3; k*(0.3) = 0 since a_1 = 1/2
+    assert best_draft_length(V, F(9, 10)) == 3 and best_draft_length(V, F(3, 10)) == 0
+    policy, rng = AutoK(8, V=V), np.random.default_rng(0)
+    before = [_round(policy, rng, 0.9, V) for _ in range(200)]
+    after = [_round(policy, rng, 0.3, V) for _ in range(300)]
+    # at 0.9 it drafts every round but one plain round per 33
+    assert min(before[100:]) == 0 and sum(k == 0 for k in before[100:]) <= 4 and max(before[100:]) >= 3
+    # α_1 falls as 0.3 + 0.6 * 2^(-n/16) and crosses a_1 = 1/2 near n = 25; from n = 60 on, mostly
+    # plain rounds and a one-draft probe per 33
+    assert max(after[60:]) == 1 and sum(after[60:]) <= 12
+
+
+def test_explores_each_k_at_most_once_and_settles_near_the_best():
+    true_V = [1.0 + 0.05 * k + 0.02 * k * k for k in range(9)]  # convex: the line misjudges it
+    policy, rng = AutoK(8), np.random.default_rng(1)
+    explored, chosen = {}, []  # round of each k drafted before it was ever timed
+    for r in range(300):
+        untimed = [t == 0 for t in policy.state()["timed_rounds"]]
+        chosen.append(_round(policy, rng, 0.8, true_V))
+        if untimed[chosen[-1]]:
+            assert chosen[-1] not in explored  # a k is timed the first time it is drafted
+            explored[chosen[-1]] = r
+    # the opening (k_open = 4, then plain), then only k that the line made look best: at most 9 rounds
+    assert list(explored)[:2] == [4, 0], explored
+    # the most frequent choice of the last 100 rounds is within 2% of the best throughput for the true V and a
+    T = [(1 - 0.8 ** (k + 1)) / 0.2 / true_V[k] for k in range(9)]
+    assert T[max(range(9), key=chosen[200:].count)] >= 0.98 * max(T)
+
+
+def test_fixed_k_and_bad_arguments():
+    fixed = make_policy(3)
+    assert isinstance(fixed, FixedK) and fixed.choose() == 3 and fixed.state() == {"policy": "fixed", "k": 3}
+    assert make_policy("auto", 5).max_k == 5
+    for bad in (-1, 2.0, True, "fast"):
+        with pytest.raises(ValueError, match=f"k must be an int >= 0 .* or \"auto\".*got {bad!r}"):
+            make_policy(bad)
+    with pytest.raises(ValueError, match="step_times seeds the policy"):
+        make_policy(2, step_times=[1.0, 2.0])
+    with pytest.raises(ValueError, match="max_k must be"):
+        AutoK(-1)
+    with pytest.raises(ValueError, match="max_k \\+ 1 = 3 finite step times"):
+        AutoK(2, V=[1.0, 2.0])
+    with pytest.raises(ValueError, match="accepted <= tested"):
+        AutoK(2).update(2, accepted=2, tested=1, seconds=None)
+    assert AutoK(0).choose() == 0
