@@ -3,8 +3,8 @@ only one model's artifacts.
 
 An artifact's identity is the `IDENTITY` fields of the "provenance" entry of its payload: the model
 spec, the fingerprint of its config and weights (`moespec.provenance`), the dtype, and its MoE
-shape N, m, L. A routing trace carries the same in its header. An artifact written before provenance
-was recorded falls back to the model and the N, m its payload names.
+shape N, m, L. A routing trace carries the same in its header. A payload without a provenance entry
+(one assembled by hand) is known by the model and the N, m it names.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def identity(source: Mapping[str, Any] | RoutingTrace) -> dict[str, Any]:
         found = {**source, "fingerprint": source.get("model_fingerprint")}
     elif "provenance" in source:
         found = source["provenance"]
-    else:  # written before artifacts recorded their provenance
+    else:  # a payload assembled by hand, without a provenance entry
         found = {"model": source.get("model"), "num_experts": source.get("N"), "top_k": source.get("m")}
     return {k: found.get(k) or None for k in IDENTITY}  # "" (an unnamed trace's model) is unknown too
 
