@@ -53,3 +53,36 @@ def test_experts_kernel_choice_keeps_tokens(tmp_path):
     assert tokens["grouped_mm"] == tokens["moespec_auto"]
     r = runner.invoke(app, [*BASE, "--prompt", "x", "--experts", "fastest"])
     assert r.exit_code == 2 and "'fastest' is no experts implementation" in r.output, r.output
+
+
+def test_auto_k_matches_fixed_k_greedy(tmp_path):
+    """-k auto changes how many tokens each round drafts, never the greedy tokens; the artifact
+    records the per-round choices and the policy's estimates."""
+    docs = {}
+    for k in ("auto", "4"):
+        out = tmp_path / f"k{k}.json"
+        r = runner.invoke(app, [*BASE, "--oracle-acceptance", "0.9", "-k", k, "--max-k", "6", "--prompt", "Hello",
+                                "--json", str(out)])
+        assert r.exit_code == 0, r.output
+        docs[k] = json.loads(out.read_text())["payload"]
+    auto = docs["auto"]
+    assert auto["k"] == "auto" and auto["max_k"] == 6
+    assert auto["result"]["tokens"] == docs["4"]["result"]["tokens"]
+    stats = auto["result"]["stats"]
+    assert stats["policy"]["policy"] == "auto" and len(stats["policy"]["acceptance"]) == 6
+    assert len(stats["k_per_round"]) >= 1 and all(0 <= c <= 6 for c in stats["k_per_round"])
+    assert docs["4"]["result"]["stats"]["policy"] == {"policy": "fixed", "k": 4}
+
+
+def test_auto_k_prints_policy_summary():
+    r = runner.invoke(app, [*BASE, "--oracle-acceptance", "0.9", "-k", "auto", "--prompt", "Hello"])
+    assert r.exit_code == 0, r.output
+    assert "chosen k: rounds" in r.output and "policy acceptance" in r.output and "policy V(0..max_k)" in r.output
+
+
+def test_bad_draft_length():
+    for bad in ("fast", "65", "-1"):
+        r = runner.invoke(app, [*BASE, "--prompt", "x", "-k", bad])
+        assert r.exit_code == 2 and f"{bad!r} is not valid" in r.output and "'auto'" in r.output, r.output
+    r = runner.invoke(app, [*BASE, "--prompt", "x", "-k", "auto", "--max-k", "0"])
+    assert r.exit_code == 2 and "--max-k" in r.output, r.output

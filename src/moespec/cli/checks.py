@@ -16,6 +16,19 @@ import typer
 MAX_DRAFT = 64
 
 
+def draft_length(value: str) -> int | str:
+    """-k: an int draft length in 0..MAX_DRAFT, or "auto" (the cost-model policy)."""
+    if value == "auto" or value is None:
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        k = -1
+    if not 0 <= k <= MAX_DRAFT:
+        raise typer.BadParameter(f"{value!r} is not valid; give an int in [0, {MAX_DRAFT}] or 'auto'")
+    return k
+
+
 def _describe(lo, hi, lo_open: bool, hi_open: bool) -> str:
     if hi is None:
         return f"> {lo}" if lo_open else f">= {lo}"

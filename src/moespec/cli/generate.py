@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec.cli.app import app
-from moespec.cli.checks import MAX_DRAFT, experts_implementation, interval, model_spec, output_file
+from moespec.cli.checks import MAX_DRAFT, draft_length, experts_implementation, interval, model_spec, output_file
 from moespec.kernel_names import AUTO
 
 
@@ -30,11 +30,22 @@ def _stats_table(title: str, stats) -> Table:
     if stats.drafted:
         table.add_row("acceptance (pooled)", f"{stats.acceptance:.3f}")
         table.add_row("acceptance by position", "  ".join(f"{a:.2f}" for a in stats.acceptance_by_position))
+    if stats.policy.get("policy") == "auto":
+        _policy_rows(table, stats)
     for part in ("draft", "verify", "sampling", "other"):
         table.add_row(f"{part} ms/token", f"{split[part]:.3f}")
     table.add_row("outside forward passes", f"{100 * stats.overhead_share:.2f}%")
     table.add_row("peak RSS", f"{stats.peak_rss_bytes / 2**20:.0f} MiB")
     return table
+
+
+def _policy_rows(table: Table, stats) -> None:
+    """k="auto": how often each k was chosen, and the policy's final estimates of α_i and V(k)."""
+    counts = {k: stats.k_per_round.count(k) for k in sorted(set(stats.k_per_round))}
+    table.add_row("chosen k: rounds", "  ".join(f"{k}: {n}" for k, n in counts.items()))
+    table.add_row("policy acceptance α_1..", "  ".join(f"{a:.2f}" for a in stats.policy["acceptance"]))
+    V = stats.policy["step_s"]
+    table.add_row("policy V(0..max_k) ms", "-" if V is None else "  ".join(f"{1e3 * v:.1f}" for v in V))
 
 
 @app.command("generate")
@@ -47,8 +58,11 @@ def generate_cmd(
                                                 help="Draft by n-gram prompt lookup, n-gram size N >= 1."),
     oracle_acceptance: Optional[float] = typer.Option(None, "--oracle-acceptance", callback=interval(0, 1),
                                                       help="Oracle draft at acceptance A in [0, 1] (greedy only)."),
-    k: int = typer.Option(4, "-k", "--k", callback=interval(0, MAX_DRAFT),
-                          help=f"Draft tokens per round, 0..{MAX_DRAFT} (0 = plain decoding)."),
+    k: str = typer.Option("4", "-k", "--k", callback=draft_length,
+                          help=f"Draft tokens per round, 0..{MAX_DRAFT} (0 = plain decoding), or 'auto': "
+                               "each round the k in 0..--max-k with the most expected tokens/s."),
+    max_k: int = typer.Option(8, "--max-k", callback=interval(1, MAX_DRAFT),
+                              help=f"Largest draft length of -k auto, 1..{MAX_DRAFT}."),
     temperature: float = typer.Option(0.0, "--temperature", callback=interval(0), help=">= 0; 0 is greedy."),
     top_k: Optional[int] = typer.Option(None, "--top-k", callback=interval(1), help="keep the k likeliest ids, k >= 1"),
     top_p: Optional[float] = typer.Option(None, "--top-p", callback=interval(0, 1, lo_open=True),
@@ -94,7 +108,7 @@ def generate_cmd(
         proposer = OracleDraft(oracle_acceptance, seed=seed)
 
     input_ids = _encode(tok, text)
-    kwargs = dict(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
+    kwargs = dict(max_k=max_k, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
                   eos_token_id=tok.eos_token_id, seed=seed, vocab_limit=len(tok))
     if compare:  # one short untimed run of each path, so neither timing carries first-call warm-up
         warm = {**kwargs, "max_new_tokens": min(4, max_new_tokens)}
