@@ -107,7 +107,7 @@ def characterize(
     n_values = sorted({int(x) for x in n})
     if not n_values or n_values[0] < 1:
         raise ValueError(f"pass sizes n must be >= 1, got {n_values}")
-    fit.fit_pass_sizes(n_values)
+    fit_n = fit.fit_pass_sizes(n_values)  # refuses sizes that cannot identify (4)/(E.1)
     if min(reps, windows, reps if verified_reps is None else verified_reps) < 1 or warmup < 0:
         raise ValueError(f"need reps, verified_reps and windows >= 1 and warmup >= 0; got reps={reps}, "
                          f"verified_reps={verified_reps}, windows={windows}, warmup={warmup}")
@@ -116,7 +116,7 @@ def characterize(
     if not set(COST_KERNELS) <= set(kernels):
         raise ValueError(f"kernels {list(kernels)} must include {COST_KERNELS} (the fits need both)")
     trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
-    expert_op.resolve_layers(layers, trace.num_layers)  # a bad layer fails before the model loads
+    layer_ids = expert_op.resolve_layers(layers, trace.num_layers)  # a bad layer fails before the model loads
     windows_of = None
     if verified is not None:
         windows_of = verified if isinstance(verified, RoutingTrace) else RoutingTrace.load(verified)
@@ -131,9 +131,7 @@ def characterize(
     if model_layers is not None and model_layers != trace.num_layers:
         raise ValueError(f"the model has {model_layers} MoE layers but the trace has {trace.num_layers}; "
                          "trace this model with `moespec trace`")
-    layer_ids = expert_op.resolve_layers(layers, trace.num_layers)
     m, N = trace.top_k, trace.num_experts
-    fit_n = [x for x in n_values if x >= 2]
     plan = {}
     for l in layer_ids:
         passes = expert_op.chosen_passes(fit_n, m, N, u_points=u_points, seed=seed + l)
