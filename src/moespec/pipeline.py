@@ -20,6 +20,9 @@ from moespec.bench.prediction import SCORE_KIND, predict_all, score_all
 from moespec.moe.traces import read_header
 
 TRACES = "traces.parquet"
+TRAINED_ROUTING = "trained-routing.parquet"  # `--routing trained`: what trained:olmoe chose on the corpus
+TRAINED_ROUTER = "trained:olmoe"
+TRAINED_ROUTING_TOKENS = 8192  # covers every position the demo decodes at (the full protocol's wrap around)
 VERIFIED = "verified.parquet"
 CHARACTERIZATION = "characterization.json"
 MEASUREMENT_BASE = "measurement-base.json"
@@ -50,6 +53,9 @@ class DemoConfig:
                                                        scaling_ns=tuple(range(1, 10))))
     full: bool = False
     seed: int = 0
+    # None: the model's own routers; a trace file the MoE layers replay; "trained": trained:olmoe's
+    # routing, recorded into the run folder first (`moe.replay`)
+    routing: str | None = None
     # time the characterized layers' operation on each verify pass's window right after the pass
     ops_between_passes: bool = True
 
@@ -161,6 +167,10 @@ def run_demo(
         ran.append(name)
         echo(f"[{name}] done in {seconds[name]:.0f} s -> {path}")
 
+    routing = config.routing
+    if routing == "trained":
+        routing = out / TRAINED_ROUTING
+        step("trace-trained", routing, lambda: _trace_trained(routing))
     held: list = []
 
     def loaded():
@@ -168,7 +178,7 @@ def run_demo(
         if not held:
             from moespec.models.load import load
 
-            held.extend(load(config.model, seed=config.seed, layers=config.layers))
+            held.extend(load(config.model, seed=config.seed, layers=config.layers, routing=routing))
         return held[0], held[1]
 
     _check_folder(config, out, lambda: loaded()[0])
@@ -259,6 +269,17 @@ def _trace(net, tok, config: DemoConfig, path: Path) -> None:
 
     docs = tokenize(tok, default_corpus(), config.trace_tokens)
     record_to_file(net, docs, path, model_spec=config.model, corpus=["moespec:data/corpus"])
+
+
+def _trace_trained(path: Path) -> None:
+    """The routing trained:olmoe chose on the shipped corpus, for the target to replay."""
+    from moespec.models.load import load
+    from moespec.moe.corpus import default_corpus
+    from moespec.moe.routing import record_to_file, tokenize
+
+    net, tok = load(TRAINED_ROUTER)
+    docs = tokenize(tok, default_corpus(), TRAINED_ROUTING_TOKENS)
+    record_to_file(net, docs, path, model_spec=TRAINED_ROUTER, corpus=["moespec:data/corpus"])
 
 
 def _measure_config(config: DemoConfig):

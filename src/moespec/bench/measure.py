@@ -155,6 +155,7 @@ def measure(
     base: bool = False,
     points: str | Path | None = None,
     restart: bool = False,
+    routing: str | Path | None = None,
     **knobs,
 ) -> dict[str, Any]:
     """Measure `model_spec` and write the "measure" artifact to `out`; returns its payload.
@@ -173,6 +174,7 @@ def measure(
     share one, the sweep reading the base's verify passes back. It resumes only under this run's
     provenance (model, fingerprint, dtype, experts, flush, layers, draft), else raises
     `provenance.ProvenanceMismatch`; `restart` moves it to `<name>.old` and measures afresh.
+    routing: a trace the target's MoE layers replay (`moe.replay`; part of its fingerprint).
     """
     from moespec.models.load import load
 
@@ -188,7 +190,7 @@ def measure(
         from moespec.moe.traces import RoutingTrace
 
         verified = RoutingTrace.load(verified)
-    model, tokenizer = loaded if loaded is not None else load(model_spec, seed=cfg.seed, layers=layers)
+    model, tokenizer = loaded if loaded is not None else load(model_spec, seed=cfg.seed, layers=layers, routing=routing)
     draft, draft_name, draft_provenance = _draft(draft_spec, prompt_lookup, cfg.seed)
     target = of_model(model_spec, model, experts=PER_POINT)
     if verified is not None:

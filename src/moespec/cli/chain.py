@@ -12,7 +12,7 @@ from rich.table import Table
 
 from moespec import artifacts
 from moespec.cli.app import app
-from moespec.cli.checks import interval, model_spec, output_file, output_folder
+from moespec.cli.checks import interval, model_spec, output_file, output_folder, routing_file
 from moespec.kernel_names import COST_DEDUP, COST_KERNELS
 from moespec.pipeline import DemoConfig
 
@@ -130,6 +130,12 @@ def report_command(
     console.print(f"wrote {path}")
 
 
+def _demo_routing(value: str | None) -> str | None:
+    if value is None or value == "trained":
+        return value
+    return str(routing_file(Path(value)))
+
+
 @app.command("demo")
 def demo_command(
     out_dir: Path = typer.Option(Path("moespec-demo"), "--out-dir", callback=output_folder,
@@ -152,6 +158,9 @@ def demo_command(
              "prediction are made again, the sweep's runs reused"),
     restart: bool = typer.Option(False, "--restart", help="move every artifact and point log of the run folder to "
                                  "NAME.old and run the chain afresh (a folder made for another model is refused)"),
+    routing: Optional[str] = typer.Option(None, "--routing", callback=_demo_routing,
+                                          help="'trained': the MoE layers replay the routing trained:olmoe chose on the "
+                                               "corpus (recorded into the run folder first); or a trace file to replay"),
 ) -> None:
     """The whole chain: trace → characterize → measure → predict → sweep → score → report."""
     from moespec.pipeline import run_demo
@@ -163,7 +172,7 @@ def demo_command(
         config = DemoConfig.smoke()
     else:
         make = DemoConfig.full_protocol if full else DemoConfig.demo
-        config = make(model=model, layers=layers)
+        config = make(model=model, layers=layers, routing=routing)
     knobs = {"oracle_reps": oracle_reps, "reps": verify_reps}
     config = replace(config, measure={**config.measure, **{k: v for k, v in knobs.items() if v is not None}})
     result = run_demo(out_dir, config=config, progress=not smoke, restart=restart,

@@ -83,8 +83,8 @@ def output_folder(path: Path | None) -> Path | None:
 
 
 def model_spec(spec: str | None) -> str | None:
-    """What `models.load` accepts: `synthetic:NAME` of a preset, or a checkpoint folder."""
-    from moespec.models import synthetic
+    """What `models.load` accepts: `synthetic:NAME` or `trained:NAME` of a preset, or a checkpoint folder."""
+    from moespec.models import synthetic, trained
     from moespec.models.load import SYNTHETIC_PREFIX
 
     if spec is None:
@@ -93,9 +93,25 @@ def model_spec(spec: str | None) -> str | None:
         if spec[len(SYNTHETIC_PREFIX):] not in synthetic.preset_names():
             names = ", ".join(SYNTHETIC_PREFIX + n for n in synthetic.preset_names())
             raise typer.BadParameter(f"{spec!r} is no synthetic preset; use one of {names}")
+    elif spec.startswith(trained.PREFIX):
+        if spec[len(trained.PREFIX):] not in trained.names():
+            names = ", ".join(trained.PREFIX + n for n in trained.names()) or "none (reinstall moespec)"
+            raise typer.BadParameter(f"{spec!r} is no trained preset; shipped: {names}")
     elif not (Path(spec).expanduser() / "config.json").is_file():
-        raise typer.BadParameter(f"{spec!r} is neither synthetic:NAME nor a checkpoint folder holding config.json")
+        raise typer.BadParameter(f"{spec!r} is neither synthetic:NAME, trained:NAME nor a checkpoint folder "
+                                 "holding config.json")
     return spec
+
+
+def routing_file(path: Path | None) -> Path | None:
+    """A routing trace to replay (`moe.replay`): an existing Parquet file."""
+    if path is not None and not path.is_file():
+        raise typer.BadParameter(f"{path} is no file; record one with `moespec trace --model trained:olmoe --out FILE`")
+    return path
+
+
+ROUTING_HELP = ("replay this routing trace in the MoE layers (same N and m; e.g. one `moespec trace --model "
+                "trained:olmoe` recorded), so the experts see trained reuse")
 
 
 def dtype(name: str | None) -> str | None:

@@ -12,7 +12,7 @@ from rich.table import Table
 from moespec.bench.measure_base import H_PROBE_ACCEPTANCE
 from moespec.bench.prompts import PROMPT_COUNT
 from moespec.cli.app import app
-from moespec.cli.checks import MAX_DRAFT, interval, model_spec, output_file
+from moespec.cli.checks import MAX_DRAFT, ROUTING_HELP, interval, model_spec, output_file, routing_file
 from moespec.cli.characterize import parse_layers
 from moespec.kernel_names import ENGINE_KERNELS
 
@@ -73,6 +73,7 @@ def measure_command(
                                           "their verify passes"),
     restart: bool = typer.Option(False, "--restart", help="move a point log made under another provenance "
                                  "(model, fingerprint, dtype, --flush, --layers, draft) to NAME.old and measure afresh"),
+    routing: Optional[Path] = typer.Option(None, "--routing", callback=routing_file, help=ROUTING_HELP),
 ) -> None:
     """Measure τ_p(n), S(n), the scaling curve, h(k) and the oracle (and draft) sweeps; resumable under
     the same provenance. With --base: the verify times and the h(k) probe only."""
@@ -97,7 +98,7 @@ def measure_command(
             windows = RoutingTrace.load(verified)
             knobs.update(verified=windows, op_layers=resolve_layers(op_layers.split(","), windows.num_layers))
         payload = measure(model, draft_spec=draft, prompt_lookup=prompt_lookup, full=full, out=out, layers=layers,
-                          base=base, points=points, restart=restart, **knobs)
+                          base=base, points=points, restart=restart, routing=routing, **knobs)
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
     console = Console()

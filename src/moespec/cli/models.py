@@ -1,17 +1,23 @@
-"""moespec presets: list the built-in synthetic models."""
+"""moespec presets: list the built-in synthetic models and the trained presets shipped with moespec."""
 
 from rich.console import Console
 from rich.table import Table
 
 from moespec.cli.app import app
-from moespec.models import synthetic
+from moespec.models import synthetic, trained
 
 
 @app.command()
 def presets() -> None:
-    """List the synthetic presets usable as `synthetic:NAME` wherever a model is named."""
+    """List the presets usable as `synthetic:NAME` or `trained:NAME` wherever a model is named."""
     table = Table("spec", "architecture", "description")
     for name in synthetic.preset_names():
         p = synthetic.PRESETS[name]
         table.add_row(f"synthetic:{name}", p.config_class.__name__.replace("Config", ""), p.description)
+    for name in trained.names():
+        m = trained.manifest(name)
+        bpb = m["held_out_bits_per_byte"]
+        table.add_row(trained.PREFIX + name, m["recipe"]["arch"].replace("Config", ""),
+                      f"{m['recipe']['description']}; held-out {bpb['code']:.2f} bits/byte on code, "
+                      f"{bpb['prose']:.2f} on prose")
     Console().print(table)

@@ -14,7 +14,7 @@ from moespec import artifacts
 from moespec.bench.prompts import PROMPT_COUNT
 from moespec.cli import checks
 from moespec.cli.app import app
-from moespec.cli.checks import interval, model_spec, output_file
+from moespec.cli.checks import ROUTING_HELP, interval, model_spec, output_file, routing_file
 
 
 def parse_n_range(text: str) -> tuple[int, int]:
@@ -47,6 +47,7 @@ def trace(
                               help="tokens per forward pass; the cache carries positions across chunks"),
     weights: bool = typer.Option(False, help="also store the router's weights of the selected experts"),
     seed: int = typer.Option(0, callback=interval(0), help="seed of a synthetic preset's weights"),
+    routing: Optional[Path] = typer.Option(None, "--routing", callback=routing_file, help=ROUTING_HELP),
 ) -> None:
     """Record the experts each token selects in every MoE layer, reading a corpus by teacher forcing."""
     from moespec.models.load import load
@@ -55,7 +56,7 @@ def trace(
 
     texts = read_corpus(corpus) if corpus else default_corpus()
     names = [str(p) for p in corpus] if corpus else ["moespec:data/corpus"]
-    net, tok = load(model, dtype=dtype, seed=seed)
+    net, tok = load(model, dtype=dtype, seed=seed, routing=routing)
     docs = tokenize(tok, texts, max_tokens)
     total = sum(len(ids) for _, ids in docs)
     with Progress(TextColumn("tracing"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
@@ -84,6 +85,7 @@ def trace_verified(
                              help="the Parquet trace to write"),
     dtype: str = typer.Option("float32", callback=checks.dtype, help="model dtype"),
     seed: int = typer.Option(0, callback=interval(0), help="seed of a synthetic preset's weights"),
+    routing: Optional[Path] = typer.Option(None, "--routing", callback=routing_file, help=ROUTING_HELP),
 ) -> None:
     """Record the routing of the tokens `moespec measure` verifies: for each depth and prompt, the
     target's greedy continuation of the prompt's first d tokens, as long as the verify passes read.
@@ -93,7 +95,7 @@ def trace_verified(
     from moespec.bench.verify import verified_routing
     from moespec.models.load import load
 
-    net, tok = load(model, dtype=dtype, seed=seed)
+    net, tok = load(model, dtype=dtype, seed=seed, routing=routing)
     length = continuation_length(reps, n_max, stride)
     try:
         trace = verified_routing(net, tok, depths=depth or (512,), prompts=prompts, n_max=n_max, length=length,
