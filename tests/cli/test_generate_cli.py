@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from moespec.cli.main import app  # imports every command module, generate included
@@ -86,3 +88,29 @@ def test_bad_draft_length():
         assert r.exit_code == 2 and f"{bad!r} is not valid" in r.output and "'auto'" in r.output, r.output
     r = runner.invoke(app, [*BASE, "--prompt", "x", "-k", "auto", "--max-k", "0"])
     assert r.exit_code == 2 and "--max-k" in r.output, r.output
+
+
+def _prediction(path, V):
+    from moespec import artifacts
+
+    versions = {"calibrated": {"V": {"slot": V, "dedup": V, "auto": V}}}
+    return artifacts.write(path, "predict", {"depths": [{"depth": 512, "versions": versions}]})
+
+
+def test_auto_k_seeded_from_a_prediction(tmp_path):
+    from moespec.bench.prediction import seed_step_times
+
+    pred = _prediction(tmp_path / "prediction.json", [0.010, 0.011, 0.012, 0.013])
+    assert seed_step_times(pred, max_k=2) == [0.010, 0.011, 0.012]
+    with pytest.raises(ValueError, match="--max-k 3"):
+        seed_step_times(pred, max_k=4)
+    with pytest.raises(ValueError, match="512"):
+        seed_step_times(pred, max_k=2, depth=4096)
+    out = tmp_path / "gen.json"
+    r = runner.invoke(app, [*BASE, "--oracle-acceptance", "0.9", "-k", "auto", "--max-k", "3", "--prompt", "Hi",
+                            "--step-times-from", str(pred), "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["payload"]["result"]["stats"]["policy"]["seeded"] is True
+    r = runner.invoke(app, [*BASE, "--oracle-acceptance", "0.9", "-k", "2", "--prompt", "Hi",
+                            "--step-times-from", str(pred)])
+    assert r.exit_code != 0 and "-k auto" in r.output

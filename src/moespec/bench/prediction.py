@@ -395,3 +395,27 @@ def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str
                 scored["unavailable"][version] = e.to_dict()
         out.append(scored)
     return {"model": pred.get("model"), "provenance": shared, "kernel": kernel, "depths": out}
+
+
+def seed_step_times(path: str | Path, *, max_k: int, kernel: str = "auto", version: str = "calibrated",
+                    depth: int | None = None) -> list[float]:
+    """V(0..max_k) in seconds from a prediction artifact, to seed `generate(k="auto", step_times=...)`.
+
+    The step times (22) of `version` (falling back to the next available one) and `kernel` ("slot",
+    "dedup" or "auto": the faster of the two at each pass size) at `depth` (default: the first).
+    """
+    payload = artifacts.load(path, KIND)["payload"]
+    entries = {e["depth"]: e for e in payload["depths"]}
+    entry = entries.get(depth) if depth is not None else payload["depths"][0]
+    if entry is None:
+        raise ValueError(f"{path} predicts depths {sorted(entries)}, not {depth}; pass one of them")
+    versions = [version] + [v for v in VERSIONS if v != version]
+    found = next((entry["versions"][v] for v in versions if v in entry["versions"]), None)
+    if found is None:
+        raise ValueError(f"{path} holds no predicted version at depth {entry['depth']}")
+    V = found["V"].get(kernel)
+    if V is None:
+        raise ValueError(f"kernel {kernel!r} is not in {path}; use one of {sorted(found['V'])}")
+    if len(V) < max_k + 1:
+        raise ValueError(f"{path} predicts V(k) up to k = {len(V) - 1}; pass --max-k {len(V) - 1} or less")
+    return [float(v) for v in V[: max_k + 1]]

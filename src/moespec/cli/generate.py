@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec.cli.app import app
-from moespec.cli.checks import MAX_DRAFT, draft_length, experts_implementation, interval, model_spec, output_file
+from moespec.cli.checks import (ROUTING_HELP, MAX_DRAFT, draft_length, experts_implementation, interval, model_spec,
+                                output_file, routing_file)
 from moespec.kernel_names import AUTO
 
 
@@ -80,6 +81,10 @@ def generate_cmd(
         help="Expert kernel of MoE models: moespec_auto (per-slot below the crossover, dedup from it), "
              "moespec_slot, moespec_dedup, or a transformers one (grouped_mm, batched_mm, eager). "
              "Dense models ignore it."),
+    routing: Optional[Path] = typer.Option(None, "--routing", callback=routing_file, help=ROUTING_HELP),
+    step_times_from: Optional[Path] = typer.Option(
+        None, "--step-times-from", exists=True, dir_okay=False,
+        help="-k auto: seed the step times V(0..--max-k) from a prediction artifact (`moespec predict`)"),
 ) -> None:
     """Decode with a target and a draft (model, prompt lookup or oracle), losslessly."""
     from moespec import artifacts
@@ -97,7 +102,7 @@ def generate_cmd(
     text = prompt if prompt is not None else read_text(prompt_file)
     console = Console()
 
-    model, tok = load(target, experts_implementation=experts)
+    model, tok = load(target, experts_implementation=experts, routing=routing)
     proposer = None
     if draft is not None:
         proposer, draft_tok = load(draft, experts_implementation=experts)
@@ -108,18 +113,27 @@ def generate_cmd(
         proposer = OracleDraft(oracle_acceptance, seed=seed)
 
     input_ids = _encode(tok, text)
+    seeded = None  # V(0..max_k) for -k auto
+    if step_times_from is not None:
+        from moespec.bench.prediction import seed_step_times
+
+        if k != "auto":
+            raise typer.BadParameter(f"--step-times-from seeds -k auto; got -k {k}")
+        seeded = seed_step_times(step_times_from, max_k=max_k) if proposer is not None else None
     kwargs = dict(max_k=max_k, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
                   eos_token_id=tok.eos_token_id, seed=seed, vocab_limit=len(tok))
     if compare:  # one short untimed run of each path, so neither timing carries first-call warm-up
         warm = {**kwargs, "max_new_tokens": min(4, max_new_tokens)}
-        generate(model, input_ids, draft=proposer, k=k if proposer is not None else 0, **warm)
+        generate(model, input_ids, draft=proposer, k=k if proposer is not None else 0, step_times=seeded, **warm)
         generate(model, input_ids, k=0, **warm)
-    result = generate(model, input_ids, draft=proposer, k=k if proposer is not None else 0, **kwargs)
+    result = generate(model, input_ids, draft=proposer, k=k if proposer is not None else 0, step_times=seeded,
+                      **kwargs)
     console.print(tok.decode(result.tokens), markup=False, highlight=False)
     console.print(_stats_table("speculative" if proposer is not None else "plain decoding", result.stats))
 
     payload = {"target": target, "draft": draft, "prompt_lookup": prompt_lookup,
-               "oracle_acceptance": oracle_acceptance, "k": k, "experts": experts, "text": text, **kwargs,
+               "oracle_acceptance": oracle_acceptance, "k": k, "experts": experts, "step_times": seeded, "text": text,
+               **kwargs,
                "result": result.to_dict()}
     if compare:
         plain = generate(model, input_ids, draft=None, k=0, **kwargs)

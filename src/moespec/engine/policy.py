@@ -19,16 +19,20 @@ AutoK's estimates and rules (every rule is deterministic, so a run can be repeat
   round), so a position never tested equals the deepest tested one, and one with few recent tests
   (stale, or reached rarely) leans on it instead of freezing an old value.
 - V(k): the median of the last `window` (9) timed rounds that drafted k, robust to a stray slow
-  round. A k never timed takes, given a seed V (e.g. a prediction artifact's step times), the seed
+  round. The first round that drafts k is a warm-up and not timed (the first pass of a size
+  allocates and warms caches; one slow time would make k look bad, and it would never be drafted
+  again to correct it). A k never timed takes, given a seed V (e.g. a prediction artifact's step times), the seed
   times the median ratio measured/seed over the timed k (the seed gives the shape, the rounds the
   scale); without a seed, the least-squares line in k through the timed medians, never below the
   fastest of them. Without a seed, an opening times one round at k_open = ceil(max_k / 2) and one
   plain round, so that the line has two points.
 - exploration: a k never timed is drafted when its estimated throughput is the best, and is timed
-  then, so each k is explored about once. Once `refresh` (32) rounds have passed without a timed
+  from its second round on, so each k is explored in about two rounds. Once `refresh` (32) rounds have passed without a timed
   plain round, a choice k >= 1 gives way to one plain round: V(0) is the bar "never slower than
-  plain" compares against. Once `refresh` rounds have drafted nothing, a choice of 0 gives way to
-  k = 1: acceptance is only seen by drafting, and the text may have become easier.
+  plain" compares against. While the choice is 0, a probe round drafts the best k >= 1 after
+  `probe` (4) plain rounds, then after 8, 16, ... up to `refresh` as probes keep failing: acceptance
+  is only seen by drafting and a k's time only by timing it, the text may have become easier, and a
+  slow first timing must not lock drafting out for long.
 """
 
 from __future__ import annotations
@@ -61,30 +65,33 @@ class AutoK:
     max_k: the largest draft length. V: optional seed of the step times V(0..max_k) in seconds.
     prior: α_0, the prior of α_1 (prior_tests: the weight in tests of each position's prior).
     half_life: drafting rounds after which a test's weight in α_i has halved. window: timed rounds
-    per k in the median. refresh: rounds between forced plain rounds (and forced one-draft rounds
-    while the choice is 0).
+    per k in the median. refresh: rounds between forced plain rounds, and the longest wait between
+    probes while the choice is 0. probe: plain rounds before the first probe (doubling up to refresh).
     """
 
     def __init__(self, max_k: int = 8, V: Sequence[float] | None = None, *, prior: float = 0.5,
-                 prior_tests: float = 2.0, half_life: float = 16.0, window: int = 9, refresh: int = 32):
+                 prior_tests: float = 2.0, half_life: float = 16.0, window: int = 9, refresh: int = 32,
+                 probe: int = 4):
         if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 0:
             raise ValueError(f"max_k must be an int >= 0, got {max_k!r}")
         if V is not None:
             V = list(V)
             if len(V) != max_k + 1 or not all(math.isfinite(v) and v > 0 for v in V):
                 raise ValueError(f"V must give max_k + 1 = {max_k + 1} finite step times > 0 (V(0..max_k)), got {V!r}")
-        if not 0 <= prior <= 1 or prior_tests <= 0 or half_life <= 0 or window < 1 or refresh < 1:
-            raise ValueError(f"AutoK needs 0 <= prior <= 1 and prior_tests, half_life, window, refresh > 0; got "
-                             f"{prior}, {prior_tests}, {half_life}, {window}, {refresh}")
+        if not 0 <= prior <= 1 or prior_tests <= 0 or half_life <= 0 or window < 1 or not 1 <= probe <= refresh:
+            raise ValueError(f"AutoK needs 0 <= prior <= 1, prior_tests, half_life, window > 0 and 1 <= probe <= "
+                             f"refresh; got {prior}, {prior_tests}, {half_life}, {window}, {probe}, {refresh}")
         self.max_k, self.seed, self.prior, self.prior_tests = max_k, V, prior, prior_tests
         self.decay = 2 ** (-1 / half_life)
-        self.refresh = refresh
+        self.refresh, self.probe = refresh, probe
+        self._wait = probe  # plain rounds before the next probe while the choice is 0
         self.k_open = (max_k + 1) // 2
         self.tests = [0] * (max_k + 1)  # [max_k + 1] tests of position i (index 0 unused)
         self._s = [0.0] * (max_k + 1)  # [max_k + 1] discounted successes of position i
         self._n = [0.0] * (max_k + 1)  # [max_k + 1] discounted tests of position i
         self.alpha = [prior] * (max_k + 1)  # [max_k + 1] α_i (index 0: the prior)
         self._times = [deque(maxlen=window) for _ in range(max_k + 1)]  # recent round seconds per k
+        self._warm = [False] * (max_k + 1)  # k has had its warm-up round
         self._median: list[float | None] = [None] * (max_k + 1)
         self.timed = [0] * (max_k + 1)  # [max_k + 1] timed rounds per k
         self.V = self._step_times()  # [max_k + 1] estimated V(k), None until the opening is done
@@ -97,16 +104,18 @@ class AutoK:
         V = self.V
         if V is None:  # the opening: one timed round at k_open, then one plain round
             return self.k_open if not any(self.timed[1:]) else 0
-        best, E, E_best, p = 0, 1, 1, 1
+        best, drafting, E, E_best, E_drafting, p = 0, 1, 1, 1, 0, 1
         for k in range(1, self.max_k + 1):
             p = p * self.alpha[k]
             E = E + p
             if E * V[best] > E_best * V[k]:  # E(k)/V(k) > E(best)/V(best), cross-multiplied
                 best, E_best = k, E
+            if E * V[drafting] > E_drafting * V[k]:
+                drafting, E_drafting = k, E
         if best and self.since_plain >= self.refresh:
             return 0
-        if not best and self.since_draft >= self.refresh:
-            return 1
+        if not best and self.since_draft >= self._wait:
+            return drafting  # a probe
         return best
 
     def update(self, k: int, accepted: int, tested: int, seconds: float | None) -> None:
@@ -123,9 +132,13 @@ class AutoK:
                 self._s[i] = self._s[i] * self.decay + (i <= accepted)
                 self._n[i] = self._n[i] * self.decay + hit
                 alpha[i] = (self._s[i] + m * alpha[i - 1]) / (self._n[i] + m)
+        if k:  # a round chosen plain after this one waits longer for a probe if this one was a probe
+            self._wait = min(2 * self._wait, self.refresh) if self.since_draft >= self._wait else self.probe
         self.since_draft = 0 if k else self.since_draft + 1
         self.since_plain = 0 if k == 0 and seconds is not None else self.since_plain + 1
-        if seconds is not None:
+        if seconds is not None and not self._warm[k]:
+            self._warm[k] = True
+        elif seconds is not None:
             self._times[k].append(seconds)
             self.timed[k] += 1
             self._median[k] = median(self._times[k])
