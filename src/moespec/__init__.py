@@ -13,7 +13,7 @@ from importlib import import_module
 
 __version__ = "0.1.0"
 __all__ = ["DraftModel", "GenerationResult", "OracleDraft", "PromptLookup", "Proposal", "Proposer", "check_pairing",
-           "generate", "register_kernels"]
+           "generate", "register_kernels", "run_gate"]
 
 _ENGINE = {
     "generate": "moespec.engine.decode",
@@ -24,6 +24,7 @@ _ENGINE = {
     "OracleDraft": "moespec.engine.proposers",
     "PromptLookup": "moespec.engine.proposers",
     "GenerationResult": "moespec.engine.stats",
+    "run_gate": "moespec.engine.gate",
 }
 
 
