@@ -1,6 +1,8 @@
-"""moespec's kernels inside transformers: "moespec_slot", "moespec_dedup" and "moespec_auto".
+"""moespec's kernels inside transformers: "moespec_slot", "moespec_dedup", "moespec_auto" and
+"moespec_compiled" (the compiled dedup kernel, `moespec.moe.compiled`; the torch dedup where it
+cannot build or run).
 
-`register()` adds the three to transformers' `ExpertsInterface`, so that
+`register()` adds the four to transformers' `ExpertsInterface`, so that
 
     model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="moespec_auto")
     model.set_experts_implementation("moespec_auto")
@@ -26,6 +28,7 @@ from transformers.integrations.moe import ExpertsInterface
 
 from moespec import artifacts
 from moespec.kernel_names import AUTO, DEDUP, SLOT
+from moespec.moe.compiled import compiled_dedup
 from moespec.moe.experts import find_experts
 from moespec.moe.kernels import dedup, per_slot
 
@@ -98,7 +101,8 @@ def auto(
     return per_slot(experts, hidden_states, top_k_index, top_k_weights)
 
 
-IMPLEMENTATIONS = {SLOT: per_slot, DEDUP: dedup, AUTO: auto}
+COMPILED = "moespec_compiled"  # opt-in while the benchmarks decide whether it becomes the default
+IMPLEMENTATIONS = {SLOT: per_slot, DEDUP: dedup, AUTO: auto, COMPILED: compiled_dedup}
 
 
 def register() -> None:

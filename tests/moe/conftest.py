@@ -1,0 +1,20 @@
+"""Shared by the compiled-kernel tests: a build that fails is a failure unless the run opted out."""
+
+import os
+
+import pytest
+
+from moespec.moe import compiled
+
+# A machine without a compiler runs the suite with MOESPEC_NO_COMPILE=1 (the fallbacks' tests still
+# run); anywhere else an unavailable build fails the test instead of skipping it.
+EXPECT_COMPILER = os.environ.get(compiled.NO_COMPILE, "") in ("", "0")
+
+
+def needs_compiler(module) -> None:
+    """Return if `module` (compiled or dense) built; else fail, or skip under MOESPEC_NO_COMPILE=1."""
+    if module.available():
+        return
+    if EXPECT_COMPILER:
+        pytest.fail(f"{module.__name__} did not build: {module.unavailable_reason()}")
+    pytest.skip(f"{compiled.NO_COMPILE}=1: the compiled kernels are off")
