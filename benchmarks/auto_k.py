@@ -117,10 +117,10 @@ def held_out_prompt(kind: str, length: int = 256) -> list[int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=2, help="layers of olmoe-shaped")
-    ap.add_argument("--tokens", type=int, default=128, help="new tokens per run")
+    ap.add_argument("--tokens", type=int, default=96, help="new tokens per run")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--acceptances", type=float, nargs="+", default=[0.2, 0.4, 0.6, 0.8, 0.9, 0.98])
-    ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 6, 8], help="fixed draft lengths")
+    ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8], help="fixed draft lengths")
     ap.add_argument("--cases", nargs="+", default=["oracle", "drift", "random", "trained"])
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -170,7 +170,7 @@ def report(cases: list[dict], args) -> None:
                       " ".join(f"{m[3:]}: {t[m]:.1f}" for m in hf),
                       " ".join(f"{c[f'auto_over_{m}']:.2f}" for m in hf),
                       " ".join(f"{k}:{n}" for k, n in c["auto_k_counts"].items()))
-    Console().print(table)
+    Console(width=200).print(table)
 
 
 if __name__ == "__main__":

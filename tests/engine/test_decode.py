@@ -156,8 +156,8 @@ def test_auto_records_its_choices_and_follows_a_seed(olmoe, dense):
                    max_new_tokens=12, vocab_limit=REAL)
     s = out.stats
     assert out.tokens == ref and s.k == 3 and s.k_per_round == (0,) * 12 and s.drafted == 0
-    # the first round's row came with the prefill: 11 timed plain rounds
-    assert s.policy["policy"] == "auto" and s.policy["seeded"] and s.policy["timed_rounds"] == [11, 0, 0, 0]
+    # the first round's row came with the prefill, the second is plain's warm-up: 10 timed plain rounds
+    assert s.policy["policy"] == "auto" and s.policy["seeded"] and s.policy["timed_rounds"] == [10, 0, 0, 0]
     assert out.to_dict()["stats"]["k_per_round"] == [0] * 12 and type(out).from_dict(out.to_dict()) == out
     # free drafts and every one accepted: each round drafts max_k = 3 and commits 4 tokens
     out = generate(olmoe, prompt, draft=OracleDraft(1.0), k="auto", max_k=3, step_times=[1.0] * 4,

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from moespec.moe import compiled
+from moespec.moe import compiled, dense
 
 # A machine without a compiler runs the suite with MOESPEC_NO_COMPILE=1 (the fallbacks' tests still
 # run); anywhere else an unavailable build fails the test instead of skipping it.
@@ -18,3 +18,15 @@ def needs_compiler(module) -> None:
     if EXPECT_COMPILER:
         pytest.fail(f"{module.__name__} did not build: {module.unavailable_reason()}")
     pytest.skip(f"{compiled.NO_COMPILE}=1: the compiled kernels are off")
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """A fresh build state before and after: monkeypatched builds must not leak into other tests."""
+    monkeypatch.delenv(compiled.NO_COMPILE, raising=False)
+    monkeypatch.delenv(compiled.FORCE_ISA, raising=False)
+    compiled.reset()
+    dense.reset()
+    yield
+    compiled.reset()
+    dense.reset()

@@ -28,16 +28,6 @@ def models():
     return {name: build(name, seed=3)[0] for name in MOE_PRESETS}
 
 
-@pytest.fixture
-def fresh(monkeypatch):
-    """A fresh build state before and after: monkeypatched builds must not leak into other tests."""
-    monkeypatch.delenv(compiled.NO_COMPILE, raising=False)
-    monkeypatch.delenv(compiled.FORCE_ISA, raising=False)
-    compiled.reset()
-    yield
-    compiled.reset()
-
-
 def _needs_compiler():
     needs_compiler(compiled)
 

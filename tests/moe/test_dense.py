@@ -19,16 +19,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SHAPES = [(1, 1), (37, 70), (272, 64), (64, 2048), (129, 333), (300, 1024)]
 
 
-@pytest.fixture
-def fresh(monkeypatch):
-    """A fresh build state before and after: monkeypatched builds must not leak into other tests."""
-    monkeypatch.delenv(compiled.NO_COMPILE, raising=False)
-    monkeypatch.delenv(compiled.FORCE_ISA, raising=False)
-    dense.reset()
-    yield
-    dense.reset()
-
-
 def _needs_compiler():
     needs_compiler(dense)
 

@@ -161,16 +161,19 @@ def run_level1(*, trials: int = 50_000, vocab: int = 30, seed: int = 0) -> Level
 class TableLM:
     """A mock causal LM with CachedModel's interface: the logits at position t are A[x_t] + B[t % 3].
 
-    A: [V, W], B: [3, W] seeded normals times `scale`; padded columns V..W-1 get a large logit, so a
-    sampler that ignored the vocabulary limit would emit them. (tests/engine/conftest.py has its twin.)"""
+    A: [V, W], B: [3, W] seeded normals times `scale`; padded columns V..W-1 (width W >= V) get a
+    large logit, so a sampler that ignored the vocabulary limit would emit them. Logits depend on the
+    position, so a misaligned cache changes them. The engine's tests use it too.
+    """
 
-    def __init__(self, V: int, seed: int, *, pad: int = 4, scale: float = 1.0):
+    def __init__(self, V: int = 48, seed: int = 0, *, width: int | None = None, scale: float = 1.0):
+        W = width or V
         g = torch.Generator().manual_seed(seed)
-        self.A = torch.randn(V, V + pad, generator=g) * scale  # [V, W]
-        self.B = torch.randn(3, V + pad, generator=g) * scale * 0.5  # [3, W]
+        self.A = torch.randn(V, W, generator=g) * scale  # [V, W]
+        self.B = torch.randn(3, W, generator=g) * scale * 0.5  # [3, W]
         self.A[:, V:] = 8.0
         self.tokens = torch.zeros(0, dtype=torch.long)  # [length]
-        self.forward_s, self.device, self.vocab_limit = 0.0, torch.device("cpu"), V
+        self.forward_s, self.device, self.extends = 0.0, torch.device("cpu"), 0
 
     @property
     def width(self) -> int:
@@ -185,12 +188,19 @@ class TableLM:
 
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [n] -> logits [n, W]."""
+        if tokens.numel() == 0:
+            raise ValueError("extend needs at least one token")
         pos = torch.arange(self.length, self.length + tokens.numel())
         self.tokens = torch.cat((self.tokens, tokens.reshape(-1)))
+        self.extends += 1
         return self.A[tokens.reshape(-1)] + self.B[pos % 3]
 
     def truncate(self, n: int) -> None:
         self.tokens = self.tokens[:n]
+
+    def fresh_logits(self) -> torch.Tensor:
+        """Logits of every cached position recomputed from the tokens, [length, W]."""
+        return self.A[self.tokens] + self.B[torch.arange(self.length) % 3]
 
 
 @dataclass
@@ -250,7 +260,7 @@ def run_level2(*, ks=(1, 4, "auto"), max_k: int = 8, runs: int = 1000, tokens: i
                seed: int = 0, alpha: float = ALPHA) -> Level2:
     """Level 2: `runs` generations of `tokens` tokens per method, binned by (position, token)."""
     V = vocab
-    target, draft = TableLM(V, seed=1 + seed), TableLM(V, seed=2 + seed, scale=0.6)
+    target, draft = TableLM(V, seed=1 + seed, width=V + 4), TableLM(V, seed=2 + seed, width=V + 4, scale=0.6)
     prompts = [[i % V, (7 * i) % V] for i in range(runs)]
     size = dict(runs=runs, tokens=tokens, max_k=max_k, limit=V)
     base = 1_000_003 * seed  # each method draws from its own seeds, so the samples are independent

@@ -30,7 +30,8 @@ AutoK's estimates and rules (every rule is deterministic, so a run can be repeat
   from its second round on, so each k is explored in about two rounds. Once `refresh` (32) rounds have passed without a timed
   plain round, a choice k >= 1 gives way to one plain round: V(0) is the bar "never slower than
   plain" compares against. While the choice is 0, a probe round drafts the best k >= 1 after
-  `probe` (4) plain rounds, then after 8, 16, ... up to `refresh` as probes keep failing: acceptance
+  `probe` (4) plain rounds, then after 8, 16, ... up to `refresh` as probes keep failing, unless no k
+  would pay even were every draft accepted ((k + 1) V(0) <= V(k) for every k): acceptance
   is only seen by drafting and a k's time only by timing it, the text may have become easier, and a
   slow first timing must not lock drafting out for long.
 """
@@ -114,8 +115,8 @@ class AutoK:
                 drafting, E_drafting = k, E
         if best and self.since_plain >= self.refresh:
             return 0
-        if not best and self.since_draft >= self._wait:
-            return drafting  # a probe
+        if not best and self.since_draft >= self._wait and any((k + 1) * V[0] > V[k] for k in range(1, len(V))):
+            return drafting  # a probe, where some k would pay were every draft accepted
         return best
 
     def update(self, k: int, accepted: int, tested: int, seconds: float | None) -> None:
