@@ -65,11 +65,13 @@ def quality(target, draft, split, prompts: int, tokens: int) -> dict:
     return out
 
 
-def reuse(target, split, max_tokens: int, resamples: int) -> dict:
+def reuse(target, split, max_tokens: int, resamples: int, per_doc: int = 1024) -> dict:
+    """Up to `per_doc` tokens of each held-out document, `max_tokens` in all: the bootstrap resamples
+    documents, so it needs many."""
     docs, total = [], 0
     for d in split.held_out:
-        ids = d.ids.tolist()[: max_tokens - total]
-        if ids:
+        ids = d.ids.tolist()[: min(per_doc, max_tokens - total)]
+        if len(ids) > 9:
             docs.append((d.name, ids))
             total += len(ids)
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,12 +85,12 @@ def reuse(target, split, max_tokens: int, resamples: int) -> dict:
             "uniform": [uniform_reuse(n, m, N) for n in range(1, 10)]}
 
 
-def sweep(target, tok, draft, depth: int, prompts: int, reps: int, tokens: int, ks) -> dict:
+def sweep(target, tok, draft, depth: int, prompts: int, reps: int, tokens: int, ks, kernel: str = AUTO) -> dict:
     out = {}
     for name, proposer in (("trained:draft", DraftModel(draft)), ("prompt-lookup:3", PromptLookup(3))):
         out[name] = run_draft(target, tok, proposer, draft_name=name, depths=(depth,), ks=ks, prompts=prompts,
-                              reps=reps, new_tokens=tokens, temperature=0.0, kernel=AUTO)[0]
-    curve = run_scaling(target, tok, depth=depth, ns=range(1, 17), kernel=AUTO, prompts=min(prompts, 2), reps=3)
+                              reps=reps, new_tokens=tokens, temperature=0.0, kernel=kernel)[0]
+    curve = run_scaling(target, tok, depth=depth, ns=range(1, 17), kernel=kernel, prompts=min(prompts, 2), reps=3)
     out["scaling"] = curve.to_dict()
     return out
 
@@ -104,10 +106,11 @@ def main() -> None:
     ap.add_argument("--reuse-tokens", type=int, default=65536)
     ap.add_argument("--resamples", type=int, default=1000)
     ap.add_argument("--parts", nargs="+", default=["quality", "reuse", "sweep"])
+    ap.add_argument("--kernel", default=AUTO, help="experts implementation of the target in the sweep")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    target, tok = load("trained:olmoe", experts_implementation=AUTO)
+    target, tok = load("trained:olmoe", experts_implementation=args.kernel)
     draft, _ = load("trained:draft")
     split = training_text()
     payload = {"config": vars(args)}
@@ -116,7 +119,8 @@ def main() -> None:
     if "reuse" in args.parts:
         payload["reuse"] = reuse(target, split, args.reuse_tokens, args.resamples)
     if "sweep" in args.parts:
-        payload["sweep"] = sweep(target, tok, draft, args.depth, min(args.prompts, 6), args.reps, args.tokens, args.ks)
+        payload["sweep"] = sweep(target, tok, draft, args.depth, min(args.prompts, 6), args.reps, args.tokens, args.ks,
+                                 args.kernel)
     artifacts.write(args.out, "trained-presets", payload)
     report(payload)
 

@@ -75,7 +75,7 @@ RECIPES: dict[str, Recipe] = {
     "draft": Recipe(
         "LlamaConfig",
         dict(hidden_size=128, intermediate_size=384, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4),
-        steps=1500, aux_loss=0.0, teacher="olmoe",
+        steps=1000, aux_loss=0.0, teacher="olmoe",
         description="dense Llama-style draft, 1 layer, distilled from trained:olmoe",
     ),
     # For tests: trains in a second.
