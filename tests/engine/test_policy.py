@@ -203,3 +203,13 @@ def test_fixed_k_and_bad_arguments():
     with pytest.raises(ValueError, match="accepted <= tested"):
         AutoK(2).update(2, accepted=2, tested=1, seconds=None)
     assert AutoK(0).choose() == 0
+
+
+def test_the_line_prices_long_drafts_from_the_drafting_rounds():
+    policy = AutoK(8)
+    for k, t in ((4, 2.4), (0, 1.0), (2, 2.0)):
+        policy.update(k, accepted=0, tested=min(1, k), seconds=99.0)  # the warm-up round, not timed
+        policy.update(k, accepted=0, tested=min(1, k), seconds=t)
+    V = policy.state()["step_s"]
+    # through (2, 2.0) and (4, 2.4), not through plain's (0, 1.0), which would price V(8) at 3.7
+    assert V[0] == 1.0 and V[6] == pytest.approx(2.8) and V[8] == pytest.approx(3.2)

@@ -23,8 +23,10 @@ AutoK's estimates and rules (every rule is deterministic, so a run can be repeat
   allocates and warms caches; one slow time would make k look bad, and it would never be drafted
   again to correct it). A k never timed takes, given a seed V (e.g. a prediction artifact's step times), the seed
   times the median ratio measured/seed over the timed k (the seed gives the shape, the rounds the
-  scale); without a seed, the least-squares line in k through the timed medians, never below the
-  fastest of them. Without a seed, an opening times one round at k_open = ceil(max_k / 2) and one
+  scale); without a seed, the least-squares line in k through the timed medians of the drafting
+  rounds (through plain's too while fewer than two k >= 1 are timed: a one-token pass is another
+  regime, and the jump from it to a two-token pass would steepen the line and overprice long drafts),
+  never below the fastest of them. Without a seed, an opening times one round at k_open = ceil(max_k / 2) and one
   plain round, so that the line has two points.
 - exploration: a k never timed is drafted when its estimated throughput is the best, and is timed
   from its second round on, so each k is explored in about two rounds. Once `refresh` (32) rounds have passed without a timed
@@ -155,9 +157,11 @@ class AutoK:
             return [self.seed[k] * scale if m is None else m for k, m in enumerate(self._median)]
         if self._median[0] is None or len(timed) < 2:
             return None
-        k_bar = sum(k for k, _ in timed) / len(timed)
-        m_bar = sum(m for _, m in timed) / len(timed)
-        slope = sum((k - k_bar) * (m - m_bar) for k, m in timed) / sum((k - k_bar) ** 2 for k, _ in timed)
+        drafting = [(k, m) for k, m in timed if k >= 1]
+        points = drafting if len(drafting) >= 2 else timed  # a plain round is another regime (n = 1)
+        k_bar = sum(k for k, _ in points) / len(points)
+        m_bar = sum(m for _, m in points) / len(points)
+        slope = sum((k - k_bar) * (m - m_bar) for k, m in points) / sum((k - k_bar) ** 2 for k, _ in points)
         floor = min(m for _, m in timed)
         return [max(m_bar + slope * (k - k_bar), floor) if m is None else m for k, m in enumerate(self._median)]
 
