@@ -211,5 +211,5 @@ def test_the_line_prices_long_drafts_from_the_drafting_rounds():
         policy.update(k, accepted=0, tested=min(1, k), seconds=99.0)  # the warm-up round, not timed
         policy.update(k, accepted=0, tested=min(1, k), seconds=t)
     V = policy.state()["step_s"]
-    # through (2, 2.0) and (4, 2.4), not through plain's (0, 1.0), which would price V(8) at 3.7
+    # through (2, 2.0) and (4, 2.4), not through plain's (0, 1.0) too, which would price V(8) at 3.9
     assert V[0] == 1.0 and V[6] == pytest.approx(2.8) and V[8] == pytest.approx(3.2)
