@@ -46,8 +46,14 @@ def load_trained(name: str, *, dtype: str | torch.dtype | None = None):
     from moespec.moe import registry
 
     registry.register()
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder(name), local_files_only=True,
-                                                              dtype=resolve_dtype(dtype))
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # a 20 MB preset needs no "Loading weights" bar
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder(name), local_files_only=True,
+                                                                  dtype=resolve_dtype(dtype))
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
     model.eval().requires_grad_(False)
     model.name_or_path = PREFIX + name
     return model, ByteTokenizer()
