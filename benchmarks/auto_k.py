@@ -5,7 +5,10 @@ Cases (issue 23), each decoded greedily by every method, side by side in one pro
 - drift: the oracle at a = 0.9 for the first half of the tokens, 0.3 after;
 - random: a random-weight draft (synthetic:dense-tiny, never accepted) on olmoe-shaped;
 - trained: trained:draft and prompt lookup (n = 3) on trained:olmoe, on held-out code and prose.
-Methods: plain (k = 0), each fixed k of --ks, k="auto" (max_k = max of --ks, learned online), and
+Methods: plain (k = 0), each fixed k of --ks, k="auto" (max_k = max of --ks, learned online from
+nothing in every call), "carried" (one AutoK passed as k to every call of the case, warm-up included,
+so it starts each call from what the earlier calls taught it, as a session decoding many requests
+would), and
 for a model draft transformers' assisted generation with its "heuristic" schedule (+2 after a full
 acceptance, -1 otherwise; confidence threshold off) and with its confidence threshold (0.4,
 adaptive, constant 20-token cap); for prompt lookup, transformers' prompt lookup (10 tokens).
@@ -27,7 +30,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from moespec import OracleDraft, PromptLookup, artifacts, generate
+from moespec import AutoK, OracleDraft, PromptLookup, artifacts, generate
 from moespec.bench.timing import Timing, measure
 from moespec.kernel_names import AUTO
 from moespec.models import load
@@ -89,7 +92,9 @@ def run_case(name: str, target, ids: list[int], proposer_for, args, vocab: int, 
     def ours(k):
         return lambda: generate(target, ids, draft=proposer_for() if k else None, k=k, max_k=max_k, **common)
 
-    methods = {"plain": ours(0), **{f"k={k}": ours(k) for k in args.ks}, "auto": ours("auto"), **hf}
+    carried = AutoK(max_k)
+    methods = {"plain": ours(0), **{f"k={k}": ours(k) for k in args.ks}, "auto": ours("auto"), "carried": ours(carried),
+               **hf}
     times, results = side_by_side(methods, args.reps)
     plain = results["plain"][0].tokens
     for method, rs in results.items():
@@ -100,11 +105,15 @@ def run_case(name: str, target, ids: list[int], proposer_for, args, vocab: int, 
     chosen = Counter(c for r in results["auto"] for c in r.stats.k_per_round)
     case = {"case": name, "tokens_per_s": tps, "best_fixed": best, "auto_over_best": tps["auto"] / tps[best],
             "auto_over_plain": tps["auto"] / tps["plain"],
+            "carried_over_best": tps["carried"] / tps[best], "carried_over_plain": tps["carried"] / tps["plain"],
             "auto_k_counts": {str(k): c for k, c in sorted(chosen.items())},
+            "carried_k_counts": {str(k): c for k, c in sorted(Counter(
+                c for r in results["carried"] for c in r.stats.k_per_round).items())},
             "auto_policy_last": results["auto"][-1].stats.policy,
             "seconds": {m: t.to_dict() for m, t in times.items()}}
     for m in hf:
         case[f"auto_over_{m}"] = tps["auto"] / tps[m]
+        case[f"carried_over_{m}"] = tps["carried"] / tps[m]
     return case
 
 
@@ -160,15 +169,18 @@ def main() -> None:
 
 
 def report(cases: list[dict], args) -> None:
-    table = Table("case", "plain", "best fixed k", "auto", "auto/best", "auto/plain", "hf", "auto/hf",
-                  "auto's k (rounds)", title=f"tokens/s, greedy, {args.tokens} tokens, median of {args.reps}")
+    table = Table("case", "plain", "best fixed k", "auto", "auto/best", "auto/plain", "carried", "carried/best",
+                  "carried/plain", "hf", "auto/hf", "carried/hf", "auto's k (rounds)",
+                  title=f"tokens/s, greedy, {args.tokens} tokens, median of {args.reps}")
     for c in cases:
         t = c["tokens_per_s"]
         hf = [m for m in t if m.startswith("hf")]
         table.add_row(c["case"], f"{t['plain']:.1f}", f"{c['best_fixed']}: {t[c['best_fixed']]:.1f}",
                       f"{t['auto']:.1f}", f"{c['auto_over_best']:.2f}", f"{c['auto_over_plain']:.2f}",
+                      f"{t['carried']:.1f}", f"{c['carried_over_best']:.2f}", f"{c['carried_over_plain']:.2f}",
                       " ".join(f"{m[3:]}: {t[m]:.1f}" for m in hf),
                       " ".join(f"{c[f'auto_over_{m}']:.2f}" for m in hf),
+                      " ".join(f"{c[f'carried_over_{m}']:.2f}" for m in hf),
                       " ".join(f"{k}:{n}" for k, n in c["auto_k_counts"].items()))
     Console(width=200).print(table)
 

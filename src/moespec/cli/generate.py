@@ -52,7 +52,8 @@ def _policy_rows(table: Table, stats) -> None:
 @app.command("generate")
 def generate_cmd(
     target: str = typer.Option(..., "--target", callback=model_spec,
-                               help="Target model: synthetic:NAME or a local checkpoint folder."),
+                               help="Target model: synthetic:NAME, trained:NAME, smollm2, a local .gguf file or "
+                                    "checkpoint folder."),
     draft: Optional[str] = typer.Option(None, "--draft", callback=model_spec,
                                         help="Draft model spec (must share the target's tokenizer)."),
     prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", callback=interval(1),
@@ -73,6 +74,8 @@ def generate_cmd(
     prompt: Optional[str] = typer.Option(None, "--prompt", help="Prompt text."),
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", exists=True, dir_okay=False,
                                                help="Read the prompt from a UTF-8 text file."),
+    chat: bool = typer.Option(False, "--chat", help="Wrap the prompt as a user turn in the tokenizer's chat template "
+                                                     "(instruct models such as smollm2)."),
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding and print the speedup."),
     json_out: Optional[Path] = typer.Option(None, "--json", callback=output_file,
                                             help="Write the result artifact here."),
@@ -112,7 +115,15 @@ def generate_cmd(
     elif oracle_acceptance is not None:
         proposer = OracleDraft(oracle_acceptance, seed=seed)
 
-    input_ids = _encode(tok, text)
+    if chat:
+        from moespec.bench.prompts import chat_ids
+
+        try:
+            input_ids = chat_ids(tok, text)
+        except ValueError as e:
+            raise typer.BadParameter(f"--chat: {e}") from None
+    else:
+        input_ids = _encode(tok, text)
     seeded = None  # V(0..max_k) for -k auto
     if step_times_from is not None:
         from moespec.bench.prediction import seed_step_times
@@ -133,6 +144,7 @@ def generate_cmd(
 
     payload = {"target": target, "draft": draft, "prompt_lookup": prompt_lookup,
                "oracle_acceptance": oracle_acceptance, "k": k, "experts": experts, "step_times": seeded, "text": text,
+               "chat": chat,
                **kwargs,
                "result": result.to_dict()}
     if compare:

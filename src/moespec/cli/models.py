@@ -16,8 +16,12 @@ def presets() -> None:
         table.add_row(f"synthetic:{name}", p.config_class.__name__.replace("Config", ""), p.description)
     for name in trained.names():
         m = trained.manifest(name)
-        bpb = m["held_out_bits_per_byte"]
+        if "held_out_bits_per_byte" in m:
+            bpb = m["held_out_bits_per_byte"]
+            score = f"held-out {bpb['code']:.2f} bits/byte on code, {bpb['prose']:.2f} on prose"
+        else:
+            agree = m["held_out_teacher_agreement"]
+            score = f"held-out top-1 agreement with SmolLM2 {agree['code']:.2f} on code, {agree['prose']:.2f} on prose"
         table.add_row(trained.PREFIX + name, m["recipe"]["arch"].replace("Config", ""),
-                      f"{m['recipe']['description']}; held-out {bpb['code']:.2f} bits/byte on code, "
-                      f"{bpb['prose']:.2f} on prose")
+                      f"{m['recipe']['description']}; {score}")
     Console().print(table)

