@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -147,20 +148,13 @@ def sweep(target, tok, drafters: dict, ks, tokens: int, reps: int, count: int) -
             med = {m: statistics.median(v) for m, v in tps.items()}
             by_request.append({"request": i, "tokens": len(plain_tokens), "tokens_per_s": med,
                                "acceptance": {m: first[m].stats.acceptance for m in runs if m != "plain"},
-                               "auto_k": {m: dict(sorted(_count(first[m].stats.k_per_round).items()))
+                               "auto_k": {m: {str(k): c for k, c in sorted(Counter(first[m].stats.k_per_round).items())}
                                           for m in runs if m.endswith("auto")}})
             for m in runs:
                 cells.setdefault(m, []).append(med[m] / med["plain"])
         out[kind] = {"requests": by_request, "speedup": {m: statistics.median(v) for m, v in cells.items()},
                      "plain_tokens_per_s": statistics.median(r["tokens_per_s"]["plain"] for r in by_request)}
     return {"tokens": tokens, "reps": reps, "ks": list(ks), "requests_per_kind": count, "by_kind": out}
-
-
-def _count(ks) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for k in ks:
-        out[str(k)] = out.get(str(k), 0) + 1
-    return out
 
 
 def main() -> None:

@@ -49,9 +49,10 @@ def smollm2_available() -> bool:
     """True when `smollm2` loads here: the package and the optional GGUF reader are installed."""
     try:
         smollm2_path()
+        _require_reader()
     except ValueError:
         return False
-    return all(importlib.util.find_spec(m) is not None for m in ("gguf", "accelerate"))
+    return True
 
 
 def is_gguf(spec: str) -> bool:
