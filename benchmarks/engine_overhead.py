@@ -10,8 +10,10 @@ the ratios taken within each repetition:
 3. moespec with a dense-tiny draft against transformers assisted generation (`assistant_model`, the
    same k, constant schedule, greedy), tokens checked identical (goal >= 1.1x).
 
-moespec runs as a user runs it: the target's experts on "moespec_auto" (per-slot one-token passes,
-deduplicated verify passes; `moespec generate --experts`, default). transformers runs with the
+moespec runs as a user runs it: the target's experts on "moespec_auto" (the compiled kernels:
+per-slot one-token passes, deduplicated verify passes; `moespec generate --experts`, default) and
+the target's and draft's linear layers compiled (`moespec.fast_linear`, `moespec generate`'s
+default; `--torch-linear` keeps F.linear). transformers runs with the
 model's default experts implementation (grouped_mm). Two more decodings separate the loop from the
 kernel: moespec's loop on transformers' kernel ("loop only" rows), so a reader sees how much of each
 speedup is the kernel and how much the loop.
@@ -35,6 +37,7 @@ from moespec.engine.decode import generate
 from moespec.engine.proposers import OracleDraft
 from moespec.models import synthetic
 from moespec.models.tokenizer import ByteTokenizer
+from moespec.moe import dense
 
 REAL = ByteTokenizer.vocab_size  # ids >= this are output-layer padding
 PROMPT = "Speculative decoding drafts several tokens and verifies them in one pass of the target. "
@@ -48,18 +51,26 @@ def _hf_generate(model, ids: torch.Tensor, n: int, assistant=None) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
-def side_by_side(model, runs: dict, reps: int) -> tuple[dict[str, Timing], dict[str, list]]:
+def side_by_side(model, runs: dict, reps: int, draft=None) -> tuple[dict[str, Timing], dict[str, list]]:
     """Time every run once per repetition, in an order that rotates by one each repetition, so that
     drift and neighbours' load fall on all alike; one untimed warm-up of each first. A run is
-    (experts implementation of `model`, decode function); the kernel is set outside the timing."""
-    for kernel, fn in runs.values():
+    (experts implementation of `model`, compiled linear layers or not, decode function); both are
+    set outside the timing, the linear layers on `model` and `draft`."""
+
+    def setup(kernel: str, fast: bool) -> None:
         model.set_experts_implementation(kernel)
+        for m in (model, draft):
+            if m is not None:
+                (dense.fast_linear if fast else dense.restore_linear)(m)
+
+    for kernel, fast, fn in runs.values():
+        setup(kernel, fast)
         fn()
     names, samples, results = list(runs), {name: [] for name in runs}, {name: [] for name in runs}
     for rep in range(reps):
         for name in names[rep % len(names):] + names[: rep % len(names)]:
-            kernel, fn = runs[name]
-            model.set_experts_implementation(kernel)
+            kernel, fast, fn = runs[name]
+            setup(kernel, fast)
             t = measure(lambda: results[name].append(fn()), reps=1, warmup=0, device="cpu")
             samples[name].extend(t.samples)
     return {name: Timing(tuple(s)) for name, s in samples.items()}, results
@@ -86,6 +97,7 @@ def main() -> None:
     ap.add_argument("--plain-only", action="store_true",
                     help="only figure 2: moespec plain decoding and transformers generate, alternating")
     ap.add_argument("--kernel", default="moespec_auto", help="moespec's experts implementation")
+    ap.add_argument("--torch-linear", action="store_true", help="moespec's runs keep F.linear (default: fast_linear)")
     args = ap.parse_args()
 
     target, tok = synthetic.build("olmoe-shaped", seed=0, layers=args.layers)
@@ -97,20 +109,20 @@ def main() -> None:
     n, k, reps = args.tokens, args.k, args.reps
 
     hf_kernel = target.config._experts_implementation  # transformers' default for this model
-    ours = args.kernel
+    ours, fast = args.kernel, not args.torch_linear
     runs = {
-        "oracle": (ours, lambda: generate(target, ids, draft=OracleDraft(args.acceptance, seed=0), k=k,
+        "oracle": (ours, fast, lambda: generate(target, ids, draft=OracleDraft(args.acceptance, seed=0), k=k,
                                           max_new_tokens=n, vocab_limit=REAL)),
-        "plain": (ours, lambda: generate(target, ids, k=0, max_new_tokens=n, vocab_limit=REAL)),
-        "hf": (hf_kernel, lambda: _hf_generate(target, ids, n)),
-        "spec": (ours, lambda: generate(target, ids, draft=draft, k=k, max_new_tokens=n, vocab_limit=REAL)),
-        "hfa": (hf_kernel, lambda: _hf_generate(target, ids, n, assistant=draft)),
-        "plain_loop": (hf_kernel, lambda: generate(target, ids, k=0, max_new_tokens=n, vocab_limit=REAL)),
-        "spec_loop": (hf_kernel, lambda: generate(target, ids, draft=draft, k=k, max_new_tokens=n, vocab_limit=REAL)),
+        "plain": (ours, fast, lambda: generate(target, ids, k=0, max_new_tokens=n, vocab_limit=REAL)),
+        "hf": (hf_kernel, False, lambda: _hf_generate(target, ids, n)),
+        "spec": (ours, fast, lambda: generate(target, ids, draft=draft, k=k, max_new_tokens=n, vocab_limit=REAL)),
+        "hfa": (hf_kernel, False, lambda: _hf_generate(target, ids, n, assistant=draft)),
+        "plain_loop": (hf_kernel, False, lambda: generate(target, ids, k=0, max_new_tokens=n, vocab_limit=REAL)),
+        "spec_loop": (hf_kernel, False, lambda: generate(target, ids, draft=draft, k=k, max_new_tokens=n, vocab_limit=REAL)),
     }
     if args.plain_only:
         runs = {name: runs[name] for name in ("plain", "hf", "plain_loop")}
-    times, results = side_by_side(target, runs, reps)
+    times, results = side_by_side(target, runs, reps, draft=draft)
 
     def row(ours_name: str, theirs_name: str, goal: float | None) -> dict:
         value = paired(times[theirs_name], times[ours_name])
@@ -132,7 +144,7 @@ def main() -> None:
                 "draft_vs_assisted": {**row("spec", "hfa", 1.1), "acceptance": results["spec"][0].stats.acceptance},
                 "draft_vs_assisted_loop_only": row("spec_loop", "hfa", None)}
     config = {"model": "synthetic:olmoe-shaped", "layers": args.layers, "draft": "synthetic:dense-tiny",
-              "tokens": n, "reps": reps, "k": k, "acceptance": args.acceptance, "threads": torch.get_num_threads(),
+              "tokens": n, "reps": reps, "k": k, "acceptance": args.acceptance, "fast_linear": fast, "threads": torch.get_num_threads(),
               "moespec_experts": ours, "transformers_experts": hf_kernel, "plain_only": args.plain_only}
     artifacts.write(args.out, "engine_overhead", {"config": config, "results": rows})
 

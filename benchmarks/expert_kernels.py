@@ -4,8 +4,9 @@ One experts module of OLMoE's widths (hidden 2048, 64 experts x intermediate 102
 float32 and bfloat16 (`--dtypes`), pass sizes n = 1..9, two kinds of expert ids: random routing
 (each token m distinct experts drawn uniformly) and chosen ids with repeats
 (`moespec.bench.expert_op.chosen_passes`: U from m to min(N, nm)). Every kernel runs on the same
-passes in one run, alternating within each pass: moespec's torch per-slot and dedup, its compiled
-ones (`moespec.moe.compiled`: c_slot, c_dedup), and transformers' eager, grouped_mm and batched_mm.
+passes in one run, alternating within each pass: moespec's per-slot and dedup (slot, dedup: the
+compiled kernels the engine runs, `moespec.moe.compiled`), its torch ones (torch_slot, torch_dedup),
+and transformers' eager, grouped_mm and batched_mm.
 
 Effective bandwidth beta_p(n) = requested bytes / time, bytes and median times summed over the
 passes of each n (as Table 1): nmb for per-slot kernels (and batched_mm, which gathers one copy per
@@ -27,25 +28,16 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from moespec import artifacts, kernel_names
+from moespec import artifacts
 from moespec.bench import expert_op
 from moespec.bench.timing import CacheFlusher, read_bandwidth
 from moespec.models.synthetic import build
 from moespec.moe import compiled
 from moespec.moe.experts import expert_bytes, expert_views
 
-KERNELS = ("slot", "dedup", "c_slot", "c_dedup", "eager", "grouped_mm", "batched_mm")
-PAIRS = {"torch": ("slot", "dedup"), "compiled": ("c_slot", "c_dedup")}  # (per-slot, dedup) -> r(n)
+KERNELS = ("torch_slot", "torch_dedup", "slot", "dedup", "eager", "grouped_mm", "batched_mm")
+PAIRS = {"torch": ("torch_slot", "torch_dedup"), "compiled": ("slot", "dedup")}  # (per-slot, dedup) -> r(n)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def add_compiled_kernels() -> None:
-    """Give `expert_op` the compiled kernels by name, with the bytes each requests (nmb, Ub).
-
-    Here, not in `moespec.kernel_names`, while "moespec_compiled" is an opt-in experiment.
-    """
-    expert_op.MOESPEC_KERNELS.update(c_slot=compiled.compiled_slot, c_dedup=compiled.compiled_dedup)
-    kernel_names.REQUESTED_BYTES.update(c_slot=kernel_names.COST_SLOT, c_dedup=kernel_names.COST_DEDUP)
 
 
 def random_passes(n_values, m: int, N: int, count: int, seed: int) -> list[expert_op.Pass]:
@@ -137,10 +129,9 @@ def main() -> None:
         args.kernels = [k for k in args.kernels if k != "batched_mm"]
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    add_compiled_kernels()
 
     console = Console()
-    if any(k.startswith("c_") for k in args.kernels):  # build before timing; say what the c_ columns ran
+    if {"slot", "dedup"} & set(args.kernels):  # build before timing; say what the compiled columns ran
         console.print(f"compiled kernels: {compiled.isa() if compiled.available() else compiled.unavailable_reason()}")
     read_bw = read_bandwidth(args.read_bytes, reps=5)
     model, _ = build("olmoe-shaped", layers=1)

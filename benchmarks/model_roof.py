@@ -3,9 +3,9 @@
 synthetic:olmoe-shaped (2 layers), float32 and bfloat16, greedy plain decoding of --tokens tokens,
 side by side in one run (a rotating order per repetition, median of --reps after a warm-up):
 - transformers `generate` with the model's default experts implementation;
-- moespec plain decoding (k = 0) with the torch kernels ("moespec_auto");
-- moespec plain decoding with the compiled expert kernel ("moespec_compiled") and the compiled
-  small-n dense layers (`moe.dense.fast_linear`).
+- moespec plain decoding (k = 0) with the torch kernels ("moespec_torch_auto") and `F.linear`;
+- moespec plain decoding with the compiled expert kernels ("moespec_auto") and the compiled
+  small-n dense layers (`moe.dense.fast_linear`), as `moespec generate` runs by default.
 Bytes per token: every weight a one-token pass reads: the attention, norms, routers and the output
 head whole, m of the N experts of each MoE layer, and one embedding row. The roof is the streaming
 read bandwidth (`bench.timing.read_bandwidth`), measured before and after (the larger is kept).
@@ -26,11 +26,10 @@ from rich.table import Table
 
 from moespec import artifacts, generate
 from moespec.bench.timing import measure, read_bandwidth
-from moespec.kernel_names import AUTO
+from moespec.kernel_names import AUTO, TORCH_AUTO
 from moespec.models import load
 from moespec.moe import dense
 from moespec.moe.experts import find_experts
-from moespec.moe.registry import COMPILED
 
 PROMPT = "The roof: "  # short, so the prefill is a small share of each run
 
@@ -79,8 +78,8 @@ def main() -> None:
                     dense.restore_linear(model)
             return run
 
-        runs = {"transformers generate": hf, "moespec, torch kernels": ours(AUTO, False),
-                "moespec, compiled": ours(COMPILED, True)}
+        runs = {"transformers generate": hf, "moespec, torch kernels": ours(TORCH_AUTO, False),
+                "moespec, compiled": ours(AUTO, True)}
         tokens = {name: fn() for name, fn in runs.items()}  # warm-up, and the tokens to compare
         if dtype == "float32":
             assert len({tuple(t) for t in tokens.values()}) == 1, "greedy tokens differ"

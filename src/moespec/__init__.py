@@ -13,7 +13,7 @@ from importlib import import_module
 
 __version__ = "0.1.0"
 __all__ = ["AutoK", "DraftModel", "GenerationResult", "OracleDraft", "PromptLookup", "Proposal", "Proposer", "check_pairing",
-           "generate", "register_kernels", "run_gate"]
+           "fast_linear", "generate", "register_kernels", "run_gate"]
 
 _ENGINE = {
     "generate": "moespec.engine.decode",
@@ -26,6 +26,7 @@ _ENGINE = {
     "PromptLookup": "moespec.engine.proposers",
     "GenerationResult": "moespec.engine.stats",
     "run_gate": "moespec.engine.gate",
+    "fast_linear": "moespec.moe.dense",
 }
 
 

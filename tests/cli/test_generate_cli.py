@@ -41,18 +41,31 @@ def test_bad_options():
     assert r.exit_code != 0 and "--prompt" in r.output
 
 
-def test_experts_kernel_choice_keeps_tokens(tmp_path):
-    """Greedy tokens do not depend on the expert kernel; the artifact records which one ran."""
+def test_experts_kernel_choice_keeps_tokens(tmp_path, monkeypatch):
+    """Greedy tokens depend neither on the expert kernel nor on the linear layers; the artifact records
+    which ran, and the default runs the compiled linear layers (moespec.fast_linear)."""
+    from moespec.moe import dense
+
+    calls = []
+    linear = dense.linear
+    monkeypatch.setattr(dense, "linear", lambda *a: calls.append(1) or linear(*a))
     tokens = {}
-    for kernel in ("grouped_mm", "moespec_auto"):
+    for kernel, linear_flag in (("grouped_mm", ["--torch-linear"]), ("moespec_torch_auto", ["--torch-linear"]),
+                                ("moespec_auto", [])):
+        calls.clear()
         out = tmp_path / f"{kernel}.json"
         r = runner.invoke(app, [*BASE, "--oracle-acceptance", "0.7", "-k", "3", "--prompt", "Hello",
-                                "--experts", kernel, "--json", str(out)])
+                                "--experts", kernel, *linear_flag, "--json", str(out)])
         assert r.exit_code == 0, r.output
         doc = json.loads(out.read_text())
         assert doc["payload"]["experts"] == kernel
+        assert doc["payload"]["fast_linear"] is (not linear_flag)
+        assert bool(calls) is (not linear_flag)  # the switched layers ran, and only by default
         tokens[kernel] = doc["payload"]["result"]["tokens"]
-    assert tokens["grouped_mm"] == tokens["moespec_auto"]
+    assert tokens["grouped_mm"] == tokens["moespec_torch_auto"] == tokens["moespec_auto"]
+    import moespec
+
+    assert moespec.fast_linear is linear.__globals__["fast_linear"]  # the one opt-in call, exported
     r = runner.invoke(app, [*BASE, "--prompt", "x", "--experts", "fastest"])
     assert r.exit_code == 2 and "'fastest' is no experts implementation" in r.output, r.output
 

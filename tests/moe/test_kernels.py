@@ -16,7 +16,8 @@ from moespec.moe.experts import expert_bytes, expert_views, find_experts
 from moespec.moe.kernels import dedup, per_slot, union_size
 
 MOE_PRESETS = ["olmoe-tiny", "qwen3moe-tiny", "mixtral-tiny", "deepseekv2-tiny", "gptoss-tiny"]
-KERNELS = {"per_slot": per_slot, "dedup": dedup, "auto": registry.auto}
+# the torch kernels; tests/moe/test_compiled.py runs the same checks on the compiled ones
+KERNELS = {"per_slot": per_slot, "dedup": dedup, "auto": registry.torch_auto, "compiled_auto": registry.auto}
 PATTERNS = ["random", "repeats", "one_expert", "top1"]
 
 
@@ -198,10 +199,13 @@ def test_register_is_idempotent_and_from_pretrained_accepts_it(tmp_path):
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
 
 
-def test_auto_switches_at_the_crossover(models, monkeypatch):
+@pytest.mark.parametrize("auto, slot_fn, dedup_fn", [("auto", "compiled_slot", "compiled_dedup"),
+                                                     ("torch_auto", "per_slot", "dedup")])
+def test_auto_switches_at_the_crossover(models, monkeypatch, auto, slot_fn, dedup_fn):
     calls = []
-    monkeypatch.setattr(registry, "per_slot", lambda *a: calls.append("slot") or per_slot(*a))
-    monkeypatch.setattr(registry, "dedup", lambda *a: calls.append("dedup") or dedup(*a))
+    slot, dedup_ = getattr(registry, slot_fn), getattr(registry, dedup_fn)
+    monkeypatch.setattr(registry, slot_fn, lambda *a: calls.append("slot") or slot(*a))
+    monkeypatch.setattr(registry, dedup_fn, lambda *a: calls.append("dedup") or dedup_(*a))
     monkeypatch.setattr(registry, "_global_crossover", registry.DEFAULT_CROSSOVER)
     experts = copy.deepcopy(find_experts(models["olmoe-tiny"])[0])
     gen = torch.Generator().manual_seed(0)
@@ -209,7 +213,7 @@ def test_auto_switches_at_the_crossover(models, monkeypatch):
     def run(n):
         calls.clear()
         index, weights = _routing("random", n, 4, 16, gen)
-        registry.auto(experts, torch.randn(n, 64, generator=gen), index, weights)
+        getattr(registry, auto)(experts, torch.randn(n, 64, generator=gen), index, weights)
         return calls[0]
 
     assert [run(n) for n in (1, 2, 9)] == ["slot", "dedup", "dedup"]  # default: dedup from n = 2

@@ -1,7 +1,8 @@
 """The one-layer expert-operation benchmark (cost-model paper, Sec. 2 and App. E).
 
 Times one MoE layer's expert operation alone, with no other part of the model, for each kernel:
-moespec's per-slot ("slot") and deduplicating ("dedup") kernels and, for comparison, any
+moespec's per-slot ("slot") and deduplicating ("dedup") kernels (compiled; "torch_slot" and
+"torch_dedup" are the torch ones) and, for comparison, any
 transformers experts implementation by name ("eager", "grouped_mm", "batched_mm"). Each pass gets
 its expert ids from one of two sources:
 
@@ -28,13 +29,15 @@ import torch
 
 from moespec.pointlog import PointLog
 from moespec.bench.timing import Timing, measure
-from moespec.moe import kernels
+from moespec.moe import compiled, kernels
 from moespec.kernel_names import COST_DEDUP, COST_SLOT, requests_per_slot
 from moespec.moe.experts import expert_bytes, find_experts
 
 # T = n tokens of a pass, m = experts per token, H = hidden size, N = experts of the layer
 PLACEMENTS = ("same", "shuffled")
-MOESPEC_KERNELS = {COST_SLOT: kernels.per_slot, COST_DEDUP: kernels.dedup}
+# "slot" and "dedup" are the compiled kernels (the torch ones where they cannot build), as the engine runs them
+MOESPEC_KERNELS = {COST_SLOT: compiled.compiled_slot, COST_DEDUP: compiled.compiled_dedup,
+                   "torch_slot": kernels.per_slot, "torch_dedup": kernels.dedup}
 TRANSFORMERS_KERNELS = ("eager", "grouped_mm", "batched_mm")
 
 

@@ -81,9 +81,12 @@ def generate_cmd(
                                             help="Write the result artifact here."),
     experts: str = typer.Option(
         AUTO, "--experts", callback=experts_implementation,
-        help="Expert kernel of MoE models: moespec_auto (per-slot below the crossover, dedup from it), "
-             "moespec_slot, moespec_dedup, or a transformers one (grouped_mm, batched_mm, eager). "
-             "Dense models ignore it."),
+        help="Expert kernel of MoE models: moespec_auto (compiled; per-slot below the crossover, dedup from it), "
+             "moespec_slot, moespec_dedup, their torch versions moespec_torch_*, or a transformers one "
+             "(grouped_mm, batched_mm, eager). Dense models ignore it."),
+    fast_linear: bool = typer.Option(True, "--fast-linear/--torch-linear",
+                                     help="Linear layers of decode and verify passes: compiled small-n products "
+                                          "(moespec.fast_linear), or torch's F.linear."),
     routing: Optional[Path] = typer.Option(None, "--routing", callback=routing_file, help=ROUTING_HELP),
     step_times_from: Optional[Path] = typer.Option(
         None, "--step-times-from", exists=True, dir_okay=False,
@@ -115,6 +118,15 @@ def generate_cmd(
     elif oracle_acceptance is not None:
         proposer = OracleDraft(oracle_acceptance, seed=seed)
 
+    if fast_linear:
+        import torch
+
+        from moespec.moe.dense import fast_linear as switch
+
+        for m in (model, proposer):
+            if isinstance(m, torch.nn.Module):
+                switch(m)
+
     if chat:
         from moespec.bench.prompts import chat_ids
 
@@ -143,7 +155,8 @@ def generate_cmd(
     console.print(_stats_table("speculative" if proposer is not None else "plain decoding", result.stats))
 
     payload = {"target": target, "draft": draft, "prompt_lookup": prompt_lookup,
-               "oracle_acceptance": oracle_acceptance, "k": k, "experts": experts, "step_times": seeded, "text": text,
+               "oracle_acceptance": oracle_acceptance, "k": k, "experts": experts, "fast_linear": fast_linear,
+               "step_times": seeded, "text": text,
                "chat": chat,
                **kwargs,
                "result": result.to_dict()}

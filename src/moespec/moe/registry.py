@@ -1,8 +1,13 @@
-"""moespec's kernels inside transformers: "moespec_slot", "moespec_dedup", "moespec_auto" and
-"moespec_compiled" (the compiled dedup kernel, `moespec.moe.compiled`; the torch dedup where it
-cannot build or run).
+"""moespec's kernels inside transformers: "moespec_slot", "moespec_dedup", "moespec_auto" run the
+compiled kernels (`moespec.moe.compiled`: each expert read once per group, at the memory roof; the
+torch kernels where they cannot build or run); "moespec_torch_slot", "moespec_torch_dedup" and
+"moespec_torch_auto" are the torch kernels (`moespec.moe.kernels`) with the same semantics.
 
-`register()` adds the four to transformers' `ExpertsInterface`, so that
+The compiled kernels became the default once the benchmarks decided (BENCHMARKS.md, "Compiled
+kernels"): at OLMoE widths they read 1.7x the torch kernels' bytes per second in float32 and halve
+the time again in bfloat16, with r(n) = 0.92-1.00 against the torch pair's 0.79-0.96.
+
+`register()` adds the six to transformers' `ExpertsInterface`, so that
 
     model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="moespec_auto")
     model.set_experts_implementation("moespec_auto")
@@ -27,8 +32,8 @@ import torch
 from transformers.integrations.moe import ExpertsInterface
 
 from moespec import artifacts
-from moespec.kernel_names import AUTO, DEDUP, SLOT
-from moespec.moe.compiled import compiled_dedup
+from moespec.kernel_names import AUTO, DEDUP, SLOT, TORCH_AUTO, TORCH_DEDUP, TORCH_SLOT
+from moespec.moe.compiled import compiled_dedup, compiled_slot
 from moespec.moe.experts import find_experts
 from moespec.moe.kernels import dedup, per_slot
 
@@ -87,22 +92,36 @@ def crossover_from_characterization(path: str | Path) -> int | None:
         raise ValueError(f"{path}: {e}") from None
 
 
+def dispatch(experts: torch.nn.Module, n: int) -> str:
+    """"slot" or "dedup": what "moespec_auto" runs on a pass of n tokens (prefills dedup)."""
+    c = crossover(experts)
+    return "dedup" if (c is not None and n >= c) or n > LONGEST_VERIFY_PASS else "slot"
+
+
 def auto(
     experts: torch.nn.Module,
     hidden_states: torch.Tensor,  # [T, H]
     top_k_index: torch.Tensor,  # [T, m]
     top_k_weights: torch.Tensor,  # [T, m]
 ) -> torch.Tensor:  # [T, H]
-    """Per-slot below the crossover, dedup from it on; T is the pass size n. Prefills dedup."""
-    c = crossover(experts)
-    T = hidden_states.shape[0]
-    if (c is not None and T >= c) or T > LONGEST_VERIFY_PASS:
-        return dedup(experts, hidden_states, top_k_index, top_k_weights)
-    return per_slot(experts, hidden_states, top_k_index, top_k_weights)
+    """Compiled per-slot below the crossover, compiled dedup from it on; T is the pass size n."""
+    fn = compiled_dedup if dispatch(experts, hidden_states.shape[0]) == "dedup" else compiled_slot
+    return fn(experts, hidden_states, top_k_index, top_k_weights)
 
 
-COMPILED = "moespec_compiled"  # opt-in while the benchmarks decide whether it becomes the default
-IMPLEMENTATIONS = {SLOT: per_slot, DEDUP: dedup, AUTO: auto, COMPILED: compiled_dedup}
+def torch_auto(
+    experts: torch.nn.Module,
+    hidden_states: torch.Tensor,  # [T, H]
+    top_k_index: torch.Tensor,  # [T, m]
+    top_k_weights: torch.Tensor,  # [T, m]
+) -> torch.Tensor:  # [T, H]
+    """`auto` on the torch kernels."""
+    fn = dedup if dispatch(experts, hidden_states.shape[0]) == "dedup" else per_slot
+    return fn(experts, hidden_states, top_k_index, top_k_weights)
+
+
+IMPLEMENTATIONS = {SLOT: compiled_slot, DEDUP: compiled_dedup, AUTO: auto,
+                   TORCH_SLOT: per_slot, TORCH_DEDUP: dedup, TORCH_AUTO: torch_auto}
 
 
 def register() -> None:
