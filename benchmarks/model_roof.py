@@ -12,13 +12,23 @@ read bandwidth (`bench.timing.read_bandwidth`), measured before and after (the l
 Greedy tokens are asserted identical across the three in float32. Time per token is a run's wall
 time over its tokens, the short prompt's prefill included.
 
+Then the verify-batch scaling curve (`--verify-n`, default 1..9), as `moespec generate` runs a
+verify pass (compiled kernels, dedup from n = 2, compiled linear layers): after a prefill of
+--context tokens, one forward pass of n tokens on the cache, the cache cropped back after each;
+--windows windows of n random byte tokens per n, each timed --reps times in rotating order. The
+bytes of a pass are the one-token pass's dense bytes plus, per MoE layer, the union of the experts
+its n tokens chose (counted from the routing of that very pass) and n embedding rows; tau(n) is
+the median time. Goal (issue 24): tau(n) within 10% of bytes(n) / roof at every n <= 9, and
+tau(n)/tau(1) with bytes(n)/bytes(1) beside it (how close the verifier is to batch-parallel).
+
     python benchmarks/model_roof.py --out benchmarks/results/model_roof.json
-    python benchmarks/model_roof.py --tokens 8 --reps 1 --out /tmp/mr.json   # smoke
+    python benchmarks/model_roof.py --tokens 8 --reps 1 --windows 1 --verify-n 1 4 --out /tmp/mr.json   # smoke
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 from rich.console import Console
@@ -47,16 +57,71 @@ def bytes_per_token(model) -> int:
     return other + routed + emb.shape[1] * emb.element_size()
 
 
+def expert_bytes_each(experts) -> int:
+    """Bytes of one expert of an experts module (its weights and biases over its experts)."""
+    return sum(p.numel() * p.element_size() for p in experts.parameters()) // experts.num_experts
+
+
+def verify_scaling(model, ids: list[int], n_values, windows: int, reps: int, seed: int = 0) -> list[dict]:
+    """tau(n) of whole-model verify passes on a cache of `ids`, and the bytes each pass reads."""
+    from transformers import DynamicCache
+
+    experts = find_experts(model)
+    emb = model.get_input_embeddings().weight
+    dense_bytes = bytes_per_token(model) - sum(
+        expert_bytes_each(e) * model.config.num_experts_per_tok for e in experts) - emb.shape[1] * emb.element_size()
+    unions: list[int] = []
+
+    def count(module, args, kwargs):
+        index = args[1] if len(args) > 1 else kwargs["top_k_index"]
+        unions.append(expert_bytes_each(module) * int(index.unique().numel()))
+
+    hooks = [e.register_forward_pre_hook(count, with_kwargs=True) for e in experts]
+    gen = torch.Generator().manual_seed(seed)
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    prefix = cache.get_seq_length()
+    passes = [(n, w, torch.randint(3, 259, (1, n), generator=gen)) for n in n_values for w in range(windows)]
+
+    def verify(x):
+        with torch.inference_mode():
+            model(x, past_key_values=cache, use_cache=True)
+        cache.crop(prefix)
+
+    pass_bytes = {}
+    for n, w, x in passes:  # warm-up, and the bytes of each pass
+        unions.clear()
+        verify(x)
+        pass_bytes[(n, w)] = dense_bytes + sum(unions) + n * emb.shape[1] * emb.element_size()
+    for h in hooks:
+        h.remove()
+    samples = {(n, w): [] for n, w, _ in passes}
+    for rep in range(reps):
+        order = passes[rep % len(passes):] + passes[: rep % len(passes)]
+        for n, w, x in order:
+            samples[(n, w)].extend(measure(lambda: verify(x), reps=1, warmup=0, device="cpu").samples)
+    rows = []
+    for n in n_values:
+        ws = range(windows)
+        rows.append({"n": n, "tau_s": statistics.median(statistics.median(samples[(n, w)]) for w in ws),
+                     "bytes": statistics.median(pass_bytes[(n, w)] for w in ws)})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--verify-n", type=int, nargs="+", default=list(range(1, 10)), help="verify pass sizes")
+    ap.add_argument("--windows", type=int, default=4, help="token windows per verify pass size")
+    ap.add_argument("--context", type=int, default=64, help="tokens in the cache before each verify pass")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    roof = read_bandwidth()
-    rows = []
+    readings = [read_bandwidth()]
+    rows, scaling = [], []
     for dtype in ("float32", "bfloat16"):
         model, tok = load("synthetic:olmoe-shaped", layers=args.layers, dtype=dtype)
         ids = tok.encode(PROMPT, add_bos=True)
@@ -94,16 +159,40 @@ def main() -> None:
             per_token = s[len(s) // 2] / n
             rows.append({"dtype": dtype, "method": name, "bytes_per_token": b, "s_per_token": per_token,
                          "tokens_per_s": 1 / per_token, "GB_per_s": b / per_token / 1e9})
-    roof = max(roof, read_bandwidth())
+        model.set_experts_implementation(AUTO)  # as moespec generate runs a verify pass
+        dense.fast_linear(model)
+        context = tok.encode((PROMPT * 16)[: args.context], add_bos=True)
+        for r in verify_scaling(model, context, args.verify_n, args.windows, args.reps):
+            scaling.append({"dtype": dtype, **r})
+    readings.append(read_bandwidth())
+    roof = max(readings)
     for r in rows:
         r["share_of_roof"] = r["GB_per_s"] * 1e9 / roof
-    artifacts.write(args.out, "model_roof", {"config": vars(args), "roof_GB_per_s": roof / 1e9, "rows": rows})
+    for dtype in ("float32", "bfloat16"):
+        mine = [r for r in scaling if r["dtype"] == dtype]
+        for r in mine:
+            r["roof_s"] = r["bytes"] / roof
+            r["tau_over_roof_time"] = r["tau_s"] / r["roof_s"]
+            r["tau_ratio"] = r["tau_s"] / mine[0]["tau_s"]
+            r["bytes_ratio"] = r["bytes"] / mine[0]["bytes"]
+    artifacts.write(args.out, "model_roof", {"config": vars(args), "roof_GB_per_s": roof / 1e9,
+                                             "roof_readings_GB_per_s": [x / 1e9 for x in readings], "rows": rows,
+                                             "verify_scaling": scaling})
     table = Table("dtype", "method", "MB/token", "ms/token", "tokens/s", "GB/s", "of roof",
-                  title=f"plain decoding, olmoe-shaped x{args.layers}, roof {roof / 1e9:.1f} GB/s")
+                  title=f"plain decoding, olmoe-shaped x{args.layers}, roof {roof / 1e9:.1f} GB/s "
+                        f"(readings {', '.join(f'{x / 1e9:.1f}' for x in readings)})")
     for r in rows:
         table.add_row(r["dtype"], r["method"], f"{r['bytes_per_token'] / 1e6:.0f}", f"{1e3 * r['s_per_token']:.1f}",
                       f"{r['tokens_per_s']:.1f}", f"{r['GB_per_s']:.1f}", f"{100 * r['share_of_roof']:.0f}%")
-    Console(width=200).print(table)
+    console = Console(width=200)
+    console.print(table)
+    table = Table("dtype", "n", "MB/pass", "tau(n) ms", "bytes/roof ms", "tau / (bytes/roof)", "tau(n)/tau(1)",
+                  "bytes(n)/bytes(1)", title="verify passes on the cache, compiled kernels and linear layers")
+    for r in scaling:
+        table.add_row(r["dtype"], str(r["n"]), f"{r['bytes'] / 1e6:.0f}", f"{1e3 * r['tau_s']:.1f}",
+                      f"{1e3 * r['roof_s']:.1f}", f"{r['tau_over_roof_time']:.2f}", f"{r['tau_ratio']:.2f}",
+                      f"{r['bytes_ratio']:.2f}")
+    console.print(table)
 
 
 if __name__ == "__main__":

@@ -178,7 +178,8 @@ def run_demo(
         if not held:
             from moespec.models.load import load
 
-            held.extend(load(config.model, seed=config.seed, layers=config.layers, routing=routing))
+            held.extend(load(config.model, seed=config.seed, layers=config.layers, routing=routing,
+                             fast_linear=True))  # as `moespec generate` runs it
         return held[0], held[1]
 
     _check_folder(config, out, lambda: loaded()[0])

@@ -7,6 +7,7 @@ passes, n <= 9 with the deduplicating kernel); the oracle sweep over k x a with 
 V(k), realized acceptance, tokens per step against G_a(k)); with a draft, the real-draft K-sweep.
 Every finished point goes to `<out stem>.points.jsonl` beside the artifact at once, so a rerun of
 the same command resumes where an interruption stopped it, under the same provenance only.
+The models run as `moespec generate` runs them: compiled expert kernels and linear layers.
 
 Two presets: the default is demo-sized (one prompt, depth 512, 12 new tokens, the oracle sweep
 with the deduplicating kernel only) so that synthetic:olmoe-shaped fits in minutes on a laptop
@@ -133,7 +134,7 @@ def _draft(draft_spec: str | None, prompt_lookup: int | None, seed: int):
     if draft_spec is not None and prompt_lookup is not None:
         raise ValueError("give one draft: draft_spec or prompt_lookup, not both")
     if draft_spec is not None:
-        model, _ = load(draft_spec, seed=seed)
+        model, _ = load(draft_spec, seed=seed, fast_linear=True)
         return DraftModel(model), draft_spec, model_provenance(draft_spec, model)
     if prompt_lookup is not None:
         return PromptLookup(prompt_lookup), f"prompt-lookup:{prompt_lookup}", None
@@ -190,7 +191,9 @@ def measure(
         from moespec.moe.traces import RoutingTrace
 
         verified = RoutingTrace.load(verified)
-    model, tokenizer = loaded if loaded is not None else load(model_spec, seed=cfg.seed, layers=layers, routing=routing)
+    if loaded is None:
+        loaded = load(model_spec, seed=cfg.seed, layers=layers, routing=routing, fast_linear=True)
+    model, tokenizer = loaded
     draft, draft_name, draft_provenance = _draft(draft_spec, prompt_lookup, cfg.seed)
     target = of_model(model_spec, model, experts=PER_POINT)
     if verified is not None:

@@ -108,24 +108,15 @@ def generate_cmd(
     text = prompt if prompt is not None else read_text(prompt_file)
     console = Console()
 
-    model, tok = load(target, experts_implementation=experts, routing=routing)
+    model, tok = load(target, experts_implementation=experts, routing=routing, fast_linear=fast_linear)
     proposer = None
     if draft is not None:
-        proposer, draft_tok = load(draft, experts_implementation=experts)
+        proposer, draft_tok = load(draft, experts_implementation=experts, fast_linear=fast_linear)
         check_pairing(tok, draft_tok)
     elif prompt_lookup is not None:
         proposer = PromptLookup(prompt_lookup)
     elif oracle_acceptance is not None:
         proposer = OracleDraft(oracle_acceptance, seed=seed)
-
-    if fast_linear:
-        import torch
-
-        from moespec.moe.dense import fast_linear as switch
-
-        for m in (model, proposer):
-            if isinstance(m, torch.nn.Module):
-                switch(m)
 
     if chat:
         from moespec.bench.prompts import chat_ids

@@ -23,6 +23,7 @@ def load(
     layers: int | None = None,
     experts_implementation: str | None = None,
     routing: str | Path | None = None,
+    fast_linear: bool = False,
 ):
     """(model, tokenizer) for a spec string.
 
@@ -32,6 +33,8 @@ def load(
     else must be a local folder holding a transformers checkpoint, loaded with `local_files_only=True`. moespec's
     experts implementations are registered first, so `experts_implementation` may name one.
     `routing`: a trace file the MoE layers replay (`moe.replay`), e.g. one recorded from trained:olmoe.
+    `fast_linear`: the model's linear layers run compiled small-n products (`moespec.fast_linear`),
+    as `moespec generate` and the chain's measurements run them.
     """
     registry.register()
     if spec.startswith(SYNTHETIC_PREFIX):
@@ -68,4 +71,9 @@ def load(
         from moespec.moe.replay import replay_routing
 
         model.moespec_replay = replay_routing(model, routing)
-    return model.to(resolve_device(device)), tok
+    model = model.to(resolve_device(device))
+    if fast_linear:
+        from moespec.moe.dense import fast_linear as switch
+
+        switch(model)
+    return model, tok

@@ -43,15 +43,22 @@ constexpr int RV = 2;
 #endif
 
 // y[t0 + tt, r0 + rt] = W[r0 + rt, :C] . X[tt][:C] for a tile of R rows x K tokens (row stride ld).
+// While it computes, the next tile's rows (up to row hi) stream into L2 by software prefetch, column
+// for column: the hardware prefetchers alone left the kernel at 60-80% of the read roof (the down
+// matrix's rows are read in short strided pieces), with it 86-96% (OLMoE widths, n = 1..8).
 template <class P, int R, int K, class Epi>
-inline void dot_tile(const typename P::w_t* W, int64_t ld, int64_t C, int64_t r0, const typename P::x_t* const* X,
-                     int t0, Epi& epi) {
+inline void dot_tile(const typename P::w_t* W, int64_t ld, int64_t C, int64_t r0, int64_t hi,
+                     const typename P::x_t* const* X, int t0, Epi& epi) {
+  const int ahead = int(std::clamp<int64_t>(hi - (r0 + R), 0, R));  // rows of the next tile
   vf acc[R][K];
 #pragma GCC unroll 16
   for (int i = 0; i < R * K; ++i) acc[i / K][i % K] = vzero();
   const int64_t Cv = C - C % P::step;
   for (int64_t c = 0; c < Cv; c += P::step) {
     typename P::wv w[R];
+#pragma GCC unroll 4
+    for (int rt = 0; rt < ahead; ++rt)
+      _mm_prefetch(reinterpret_cast<const char*>(W + (r0 + R + rt) * ld + c), _MM_HINT_T1);
 #pragma GCC unroll 4
     for (int rt = 0; rt < R; ++rt) w[rt] = P::loadw(W + (r0 + rt) * ld + c);
 #pragma GCC unroll 4
@@ -70,14 +77,14 @@ inline void dot_tile(const typename P::w_t* W, int64_t ld, int64_t C, int64_t r0
 }
 
 template <class P, int R, class Epi>
-inline void dot_tokens(const typename P::w_t* W, int64_t ld, int64_t C, int64_t r0, const typename P::x_t* const* X,
-                       int g, Epi& epi) {
+inline void dot_tokens(const typename P::w_t* W, int64_t ld, int64_t C, int64_t r0, int64_t hi,
+                       const typename P::x_t* const* X, int g, Epi& epi) {
   int t = 0;
-  for (; t + TT <= g; t += TT) dot_tile<P, R, TT>(W, ld, C, r0, X + t, t, epi);
+  for (; t + TT <= g; t += TT) dot_tile<P, R, TT>(W, ld, C, r0, hi, X + t, t, epi);
   switch (g - t) {  // the last 1..TT-1 tokens; the rows just read are still in L1/L2
-    case 1: dot_tile<P, R, 1>(W, ld, C, r0, X + t, t, epi); break;
-    case 2: dot_tile<P, R, 2>(W, ld, C, r0, X + t, t, epi); break;
-    case 3: dot_tile<P, R, 3>(W, ld, C, r0, X + t, t, epi); break;
+    case 1: dot_tile<P, R, 1>(W, ld, C, r0, hi, X + t, t, epi); break;
+    case 2: dot_tile<P, R, 2>(W, ld, C, r0, hi, X + t, t, epi); break;
+    case 3: dot_tile<P, R, 3>(W, ld, C, r0, hi, X + t, t, epi); break;
     default: break;
   }
 }
@@ -87,8 +94,8 @@ template <class P, class Epi>
 void dot_rows(const typename P::w_t* W, int64_t ld, int64_t C, int64_t lo, int64_t hi,
               const typename P::x_t* const* X, int g, Epi& epi) {
   int64_t r = lo;
-  for (; r + RT <= hi; r += RT) dot_tokens<P, RT>(W, ld, C, r, X, g, epi);
-  for (; r < hi; ++r) dot_tokens<P, 1>(W, ld, C, r, X, g, epi);
+  for (; r + RT <= hi; r += RT) dot_tokens<P, RT>(W, ld, C, r, hi, X, g, epi);
+  for (; r < hi; ++r) dot_tokens<P, 1>(W, ld, C, r, hi, X, g, epi);
 }
 
 // Transposed storage Wt [C, R] (gpt-oss): columns [r0, r0 + V*L) accumulate x[c] * Wt[c, cols].
