@@ -87,7 +87,7 @@ def verify_scaling(model, ids: list[int], n_values, windows: int, reps: int, see
     def verify(x):
         with torch.inference_mode():
             model(x, past_key_values=cache, use_cache=True)
-        cache.crop(prefix)
+        cache.crop(-(cache.get_seq_length() - prefix))  # transformers 5.x: the positions to drop
 
     pass_bytes = {}
     for n, w, x in passes:  # warm-up, and the bytes of each pass
