@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from moespec.bench import timing
-from moespec.bench.timing import MIN_FLUSH_BYTES, CacheFlusher, ModuleClock, Timing, measure, read_bandwidth
+from moespec.bench.timing import (MIN_FLUSH_BYTES, CacheFlusher, ModuleClock, RoofReader, Timing, measure,
+                                  read_bandwidth, share_of_roof)
 from moespec.device import last_level_cache_bytes
 
 
@@ -72,6 +73,19 @@ def test_flusher_touches_every_word():
 def test_read_bandwidth_is_positive_and_finite():
     bw = read_bandwidth(nbytes=4_000_000, reps=3)
     assert bw > 0 and np.isfinite(bw)
+    reader = RoofReader(nbytes=4_000_000)
+    assert reader.nbytes == 4_000_000 and reader() > 0 and np.isfinite(reader())
+    with pytest.raises(ValueError, match="nbytes"):
+        RoofReader(nbytes=2)
+
+
+def test_share_of_roof_pairs_each_sample_with_its_reading():
+    # 100 bytes in 1, 2, 4 s against roofs of 100, 25, 50 B/s: shares 1, 2, 0.5, median 1
+    assert share_of_roof(100, [1.0, 2.0, 4.0], [100.0, 25.0, 50.0]) == 1.0
+    # shares 0.5, 4, 2: median 2
+    assert share_of_roof(100, [2.0, 1.0, 1.0], [100.0, 25.0, 50.0]) == 2.0
+    with pytest.raises(ValueError, match="one roof reading per timed sample"):
+        share_of_roof(100, [1.0], [1.0, 2.0])
 
 
 class _Counted(torch.nn.Module):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -186,6 +186,35 @@ class ModuleClock:
             synchronize(self.device)
             return sum(a.elapsed_time(b) for a, b in spans) / 1e3
         return float(sum(b - a for a, b in spans))
+
+
+class RoofReader:
+    """One streaming read of a buffer far larger than the LLC per call: the roof at that moment.
+
+    On a shared machine the read bandwidth moves by half between minutes (26-52 GB/s here), so a
+    share of the roof is only meaningful against a reading taken beside the timed call: call it
+    right before each timed call and divide sample by sample (`share_of_roof`).
+    """
+
+    def __init__(self, nbytes: int = 256_000_000, device: torch.device | str | None = None):
+        if nbytes < 4:
+            raise ValueError(f"nbytes must be at least one float32 (4 bytes), got {nbytes}")
+        self.device = resolve_device(device)
+        self._buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=self.device)
+        self.nbytes = self._buffer.numel() * 4
+        self._buffer.sum()  # first touch outside any timing
+
+    def __call__(self) -> float:
+        """Bytes/s of one read of the buffer, now."""
+        return self.nbytes / measure(lambda: self._buffer.sum(), reps=1, warmup=0, device=self.device).samples[0]
+
+
+def share_of_roof(nbytes: float, seconds: Sequence[float], roofs: Sequence[float]) -> float:
+    """Median over paired samples of (nbytes / seconds_i) / roof_i: a call's read rate as a share of
+    the roof read beside it (`RoofReader`)."""
+    if len(seconds) != len(roofs) or not seconds:
+        raise ValueError(f"share_of_roof needs one roof reading per timed sample, got {len(seconds)} and {len(roofs)}")
+    return float(statistics.median(nbytes / t / r for t, r in zip(seconds, roofs)))
 
 
 def read_bandwidth(

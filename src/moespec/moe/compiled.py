@@ -10,11 +10,12 @@ routing-weighted rows into the output. Both threads share every expert: each own
 intermediate units (their gate/up rows and the matching down columns) and its own output copy, so
 the threads meet once per call. While a tile of rows meets its tokens, the next tile's rows stream
 into L2 by software prefetch; without it the kernels read at 60-80% of the roof, with it 86-98%
-(OLMoE widths, n = 1..8, float32 and bfloat16; BENCHMARKS.md). A first version split the down rows instead and met once per
-expert; on this 2-core machine under load that barrier waited out scheduler slices (OLMoE widths,
-n = 1, float32: 63 ms against 25 ms barrier-free, same run, torch per-slot 33 ms). float32 and bfloat16 weights, float32 accumulation, `vdpbf16ps` dot products where the CPU has
-AVX512_BF16. The weights are read in place from the module's own 3-D tensors (no gather, no packed
-copy).
+(OLMoE widths, n = 1..8, float32 and bfloat16; BENCHMARKS.md). A first version split the down rows
+instead and met once per expert; on this 2-core machine under load that barrier waited out
+scheduler slices (OLMoE widths, n = 1, float32: 63 ms against 25 ms barrier-free, same run, torch
+per-slot 33 ms). float32 and bfloat16 weights, float32 accumulation, `vdpbf16ps` dot products where
+the CPU has AVX512_BF16. The weights are read in place from the module's own 3-D tensors (no gather,
+no packed copy).
 
 Why a torch C++ extension: it reads the module's storage directly, names the bf16 instructions, and
 keeps one OpenMP team for the whole layer. Inductor's CPU GEMM templates were not measured against
@@ -27,8 +28,8 @@ every call runs the torch kernel, after one warning naming the reason (none for 
 Two groupings, one code path: `compiled_dedup` makes one group per distinct expert (requests the
 union bytes Ub); `compiled_slot` makes one group per slot, so it reads one expert per slot and
 requests nmb bytes, the per-slot semantics the cost model prices. With both on one code path,
-r(n) = beta_dedup / beta_slot measures the grouping alone. Only "moespec_compiled" (dedup) is
-registered; "moespec_slot" stays the torch per-slot kernel until the benchmarks decide.
+r(n) = beta_dedup / beta_slot measures the grouping alone. They are registered as "moespec_slot" and
+"moespec_dedup" (and "moespec_auto" switches between them; `moespec.moe.registry`).
 
 Compiled: gate/up concatenated or interleaved with SiLU, gpt-oss's clamped gate (transposed,
 interleaved, biases). Falls back to the torch kernel (`unsupported` says why): no gate, a
