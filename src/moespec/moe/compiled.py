@@ -9,8 +9,8 @@ all the group's tokens in register tiles, applies the gate, streams the down row
 routing-weighted rows into the output. Both threads share every expert: each owns half its
 intermediate units (their gate/up rows and the matching down columns) and its own output copy, so
 the threads meet once per call. While a tile of rows meets its tokens, the next tile's rows stream
-into L2 by software prefetch; without it the kernels read at 60-80% of the roof, with it 86-98%
-(OLMoE widths, n = 1..8, float32 and bfloat16; BENCHMARKS.md). A first version split the down rows
+into L2 by software prefetch; in a scratch comparison (OLMoE widths, n = 1, 4, 8, float32 and
+bfloat16, one roof reading) the kernels read at 63-83% of the roof without it and 88-98% with it. A first version split the down rows
 instead and met once per expert; on this 2-core machine under load that barrier waited out
 scheduler slices (OLMoE widths, n = 1, float32: 63 ms against 25 ms barrier-free, same run, torch
 per-slot 33 ms). float32 and bfloat16 weights, float32 accumulation, `vdpbf16ps` dot products where
