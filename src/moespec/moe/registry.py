@@ -4,8 +4,9 @@ torch kernels where they cannot build or run); "moespec_torch_slot", "moespec_to
 "moespec_torch_auto" are the torch kernels (`moespec.moe.kernels`) with the same semantics.
 
 The compiled kernels became the default once the benchmarks decided (BENCHMARKS.md, "Compiled
-kernels"): at OLMoE widths they read 1.7x the torch kernels' bytes per second in float32 and halve
-the time again in bfloat16, with r(n) = 0.92-1.00 against the torch pair's 0.79-0.96.
+kernels"): at OLMoE widths, in one run, they read 1.8x the torch kernels' bytes per second in
+float32 and 3.5x in bfloat16, with r(n) = 0.97-1.10 on random routing in float32 (0.77-1.01 where
+several tokens share an expert).
 
 `register()` adds the six to transformers' `ExpertsInterface`, so that
 
@@ -32,7 +33,7 @@ import torch
 from transformers.integrations.moe import ExpertsInterface
 
 from moespec import artifacts
-from moespec.kernel_names import AUTO, DEDUP, SLOT, TORCH_AUTO, TORCH_DEDUP, TORCH_SLOT
+from moespec.kernel_names import AUTO, COST_DEDUP, COST_SLOT, DEDUP, SLOT, TORCH_AUTO, TORCH_DEDUP, TORCH_SLOT
 from moespec.moe.compiled import compiled_dedup, compiled_slot
 from moespec.moe.experts import find_experts
 from moespec.moe.kernels import dedup, per_slot
@@ -93,9 +94,9 @@ def crossover_from_characterization(path: str | Path) -> int | None:
 
 
 def dispatch(experts: torch.nn.Module, n: int) -> str:
-    """"slot" or "dedup": what "moespec_auto" runs on a pass of n tokens (prefills dedup)."""
+    """COST_SLOT or COST_DEDUP: what "moespec_auto" runs on a pass of n tokens (prefills dedup)."""
     c = crossover(experts)
-    return "dedup" if (c is not None and n >= c) or n > LONGEST_VERIFY_PASS else "slot"
+    return COST_DEDUP if (c is not None and n >= c) or n > LONGEST_VERIFY_PASS else COST_SLOT
 
 
 def auto(
@@ -105,7 +106,7 @@ def auto(
     top_k_weights: torch.Tensor,  # [T, m]
 ) -> torch.Tensor:  # [T, H]
     """Compiled per-slot below the crossover, compiled dedup from it on; T is the pass size n."""
-    fn = compiled_dedup if dispatch(experts, hidden_states.shape[0]) == "dedup" else compiled_slot
+    fn = compiled_dedup if dispatch(experts, hidden_states.shape[0]) == COST_DEDUP else compiled_slot
     return fn(experts, hidden_states, top_k_index, top_k_weights)
 
 
@@ -116,7 +117,7 @@ def torch_auto(
     top_k_weights: torch.Tensor,  # [T, m]
 ) -> torch.Tensor:  # [T, H]
     """`auto` on the torch kernels."""
-    fn = dedup if dispatch(experts, hidden_states.shape[0]) == "dedup" else per_slot
+    fn = dedup if dispatch(experts, hidden_states.shape[0]) == COST_DEDUP else per_slot
     return fn(experts, hidden_states, top_k_index, top_k_weights)
 
 
