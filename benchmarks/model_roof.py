@@ -44,7 +44,7 @@ from moespec.bench.timing import ModuleClock, RoofReader, measure, read_bandwidt
 from moespec.kernel_names import AUTO, TORCH_AUTO
 from moespec.models import load
 from moespec.moe import dense
-from moespec.moe.experts import find_experts
+from moespec.moe.experts import expert_bytes, find_experts
 
 PROMPT = "The roof: "  # short, so the prefill is a small share of each run
 
@@ -62,11 +62,6 @@ def bytes_per_token(model) -> int:
     return other + routed + emb.shape[1] * emb.element_size()
 
 
-def expert_bytes_each(experts) -> int:
-    """Bytes of one expert of an experts module (its weights and biases over its experts)."""
-    return sum(p.numel() * p.element_size() for p in experts.parameters()) // experts.num_experts
-
-
 def verify_scaling(model, ids: list[int], n_values, windows: int, reps: int, reader, seed: int = 0) -> list[dict]:
     """tau(n) of whole-model verify passes on a cache of `ids`, and the bytes each pass reads."""
     from transformers import DynamicCache
@@ -74,12 +69,12 @@ def verify_scaling(model, ids: list[int], n_values, windows: int, reps: int, rea
     experts = find_experts(model)
     emb = model.get_input_embeddings().weight
     dense_bytes = bytes_per_token(model) - sum(
-        expert_bytes_each(e) * model.config.num_experts_per_tok for e in experts) - emb.shape[1] * emb.element_size()
+        expert_bytes(e) * model.config.num_experts_per_tok for e in experts) - emb.shape[1] * emb.element_size()
     unions: list[int] = []
 
     def count(module, args, kwargs):
         index = args[1] if len(args) > 1 else kwargs["top_k_index"]
-        unions.append(expert_bytes_each(module) * int(index.unique().numel()))
+        unions.append(expert_bytes(module) * int(index.unique().numel()))
 
     hooks = [e.register_forward_pre_hook(count, with_kwargs=True) for e in experts]
     gen = torch.Generator().manual_seed(seed)
