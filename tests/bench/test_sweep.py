@@ -16,6 +16,7 @@ from moespec.engine.cached import CachedModel
 from moespec.engine.decode import generate
 from moespec.engine.proposers import OracleDraft, PromptLookup
 from moespec.models.synthetic import build
+from tests.bench.conftest import FakeClock
 
 
 @pytest.fixture(scope="module")
@@ -121,16 +122,58 @@ def test_a_cells_step_time_is_the_mean_log_of_its_runs_median_steps_each_runs_fi
     assert steady.steps == 7 and steady.step_s == pytest.approx(0.011)  # medians of 1, 10, 12, 90 and 1, 11, 13 ms
 
 
-def test_draft_sweep_reports_the_engine_paper_figures(tiny):
+class _TimedLookup(PromptLookup):
+    """Prompt lookup whose every proposed token takes `per_draft` seconds of the fake clock."""
+
+    def __init__(self, n, clock, per_draft):
+        super().__init__(n)
+        self.clock, self.per_draft, self.sizes = clock, per_draft, []
+
+    def propose(self, context, k):
+        p = super().propose(context, k)
+        self.sizes.append(int(p.tokens.shape[0]))
+        self.clock.advance(self.per_draft * self.sizes[-1])
+        return p
+
+
+def test_draft_sweep_reports_the_engine_paper_figures(tiny, monkeypatch):
+    """On a fake clock where the target takes TOKEN seconds per token it is fed and the draft DRAFT
+    seconds per token it proposes, and nothing else takes time, every figure is known exactly from
+    the counts: plain decoding feeds one token a round (the first round's came with the prefill),
+    a round at k = 2 feeds its drafts and, after the first, the token before them."""
+    import moespec.bench.prefilled as prefilled
+    import moespec.engine.cached as cached
+    import moespec.engine.decode as decode
+
+    TOKEN, DRAFT, DEPTH = 2.0**-10, 2.0**-12, 32
     model, tok = tiny
-    (entry,) = run_draft(model, tok, PromptLookup(2), draft_name="prompt-lookup:2", depths=(32,), ks=(2,),
+    clock = FakeClock().install(monkeypatch, decode, prefilled, cached).drive(monkeypatch, model, per_token=TOKEN)
+    lookup = _TimedLookup(2, clock, DRAFT)
+    (entry,) = run_draft(model, tok, lookup, draft_name="prompt-lookup:2", depths=(DEPTH,), ks=(2,),
                          prompts=1, new_tokens=16, temperature=0.0, kernel=DEDUP)
     cells = {c["k"]: c for c in entry["cells"]}
-    assert sorted(cells) == [0, 2] and entry["speedup"]["0"] == 1.0
-    assert set(cells[2]["latency_split_ms"]) == {"draft", "verify", "sampling", "other"}
-    assert cells[2]["ttft_s"] > 0 and cells[2]["peak_rss_bytes"] > 0
-    assert len(cells[2]["acceptance_by_position"]) == 2
-    assert entry["draft_target_ratio"] >= 0 and entry["target_step_s"] > 0
+    assert sorted(cells) == [0, 2]
+    plain, spec = cells[0], cells[2]
+    drafted = sum(lookup.sizes)
+    assert drafted > 0 and lookup.sizes[0] > 0  # the prompt's last 2-gram recurs: the first round drafts
+    assert plain["rounds"] == plain["tokens"] > 1  # one token a round
+    plain_s = TOKEN * (plain["rounds"] - 1)
+    spec_s = TOKEN * (drafted + spec["rounds"] - 1) + DRAFT * drafted
+    assert plain["total_s"] == pytest.approx(plain_s) and spec["total_s"] == pytest.approx(spec_s)
+    assert plain["throughput"] == pytest.approx(plain["tokens"] / plain_s) == entry["baseline_throughput"]
+    assert spec["throughput"] == pytest.approx(spec["tokens"] / spec_s)
+    speedup = (spec["tokens"] / spec_s) / (plain["tokens"] / plain_s)
+    assert entry["speedup"] == {"0": 1.0, "2": pytest.approx(speedup)}
+    per_token_ms = {"draft": 1e3 * DRAFT * drafted, "verify": 1e3 * TOKEN * (drafted + spec["rounds"] - 1),
+                    "sampling": 0.0, "other": 0.0}
+    assert spec["latency_split_ms"] == {part: pytest.approx(ms / spec["tokens"], abs=1e-12)
+                                       for part, ms in per_token_ms.items()}
+    # the first token: the prompt's prefill, then the first round's drafts and their pass
+    assert spec["ttft_s"] == pytest.approx(TOKEN * DEPTH + (DRAFT + TOKEN) * lookup.sizes[0])
+    assert entry["target_step_s"] == pytest.approx(TOKEN)  # a plain step is a one-token pass
+    assert entry["draft_step_s"] == pytest.approx(DRAFT)  # per drafted token
+    assert entry["draft_target_ratio"] == pytest.approx(DRAFT / TOKEN)
+    assert spec["peak_rss_bytes"] > 0 and len(spec["acceptance_by_position"]) == 2
 
 
 def test_oracle_order_runs_each_acceptance_as_one_block():

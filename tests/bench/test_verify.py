@@ -10,6 +10,7 @@ from moespec.bench.verify_times import ScalingCurve, VerifyTimes, bootstrap_savi
 from moespec.kernel_names import DEDUP, SLOT
 from moespec.models.synthetic import build
 from moespec.models.tokenizer import ByteTokenizer
+from tests.bench.conftest import FakeClock
 
 
 class FourBytes:
@@ -130,11 +131,20 @@ def test_verify_resumes_without_remeasuring(tiny, tmp_path):
     assert len(PointLog(path)) == 3
 
 
-def test_scaling_curve_is_relative_to_one_token(tiny):
+def test_scaling_curve_is_relative_to_one_token(tiny, monkeypatch):
+    """On a clock where a pass of n tokens takes exactly PASS + TOKEN n seconds, the curve is
+    (PASS + TOKEN n) / (PASS + TOKEN): the n-token pass over the one-token pass."""
+    from moespec.bench import timing
+
+    PASS, TOKEN = 2.0**-8, 2.0**-10
     model, tok = tiny
+    FakeClock().install(monkeypatch, timing).drive(monkeypatch, model, per_pass=PASS, per_token=TOKEN)
     curve = run_scaling(model, tok, depth=16, ns=range(1, 4), prompts=1, reps=1)
-    assert curve.ratio[1] == 1.0 and sorted(curve.ratio) == [1, 2, 3]
-    assert all(r > 0 for r in curve.ratio.values())
+    assert sorted(curve.samples) == [1, 2, 3]
+    for n in (1, 2, 3):
+        assert curve.samples[n].tolist() == [[PASS + TOKEN * n]]  # [prompts, reps]: the timed pass alone
+    assert curve.ratio == {n: pytest.approx((PASS + TOKEN * n) / (PASS + TOKEN), rel=1e-12) for n in (1, 2, 3)}
+    assert curve.ratio[1] == 1.0
     assert ScalingCurve.from_dict(curve.to_dict()).ratio == curve.ratio
 
 

@@ -42,10 +42,20 @@ def test_demo_then_predict_score_report(tmp_path):
 
 
 def test_predict_of_missing_files_is_refused(tmp_path):
-    run = tmp_path / "missing"
-    result = CliRunner().invoke(app, ["predict", "--characterization", str(run / "c.json"), "--traces",
-                                      str(run / "t.parquet"), "--measurement", str(run / "m.json")])
-    assert result.exit_code != 0
+    present = known_inputs(tmp_path)  # c.json, t.parquet, m.json
+    flags = ("--characterization", "--traces", "--measurement")
+    for i, flag in enumerate(flags):  # each input missing in turn, the others there
+        paths = list(present)
+        paths[i] = tmp_path / "missing" / present[i].name
+        out = tmp_path / f"p{i}.json"
+        args = ["predict", *(x for f, p in zip(flags, paths) for x in (f, str(p))), "--out", str(out)]
+        result = CliRunner(env={"COLUMNS": "300"}).invoke(app, args)
+        # a usage error (click's exit code 2, by SystemExit) naming the missing file, not a crash
+        assert result.exit_code == 2 and isinstance(result.exception, SystemExit), (flag, result.exception,
+                                                                                    result.output)
+        assert "Traceback" not in result.output
+        assert str(paths[i]) in result.output, (flag, result.output)
+        assert not out.exists()
 
 
 def known_inputs(tmp_path, **base_changes):

@@ -24,14 +24,46 @@ def test_oracle_compare_writes_json(tmp_path):
     assert len(doc["payload"]["result"]["tokens"]) <= 8
 
 
-def test_draft_model_and_prompt_lookup_from_file(tmp_path):
+def test_draft_model_and_prompt_lookup_from_file(tmp_path, monkeypatch):
+    from moespec.engine import proposers
+
+    proposed = {}  # tokens each kind of proposer proposed
+
+    def counting(cls, label):
+        propose = cls.propose
+
+        def spy(self, context, k):
+            p = propose(self, context, k)
+            proposed[label] = proposed.get(label, 0) + int(p.tokens.shape[0])
+            return p
+
+        monkeypatch.setattr(cls, "propose", spy)
+
+    counting(proposers.DraftModel, "draft")
+    counting(proposers.PromptLookup, "lookup")
     f = tmp_path / "prompt.txt"
-    f.write_text("abcabcabc")
-    r = runner.invoke(app, [*BASE, "--draft", "synthetic:dense-tiny", "-k", "2", "--temperature", "0.8",
-                            "--top-p", "0.9", "--prompt-file", str(f)])
-    assert r.exit_code == 0, r.output
-    r = runner.invoke(app, [*BASE, "--prompt-lookup", "2", "-k", "2", "--prompt-file", str(f)])
-    assert r.exit_code == 0, r.output
+    prompt = "abcabcabc héllo"  # recurring n-grams for the lookup; a 2-byte character for the count
+    f.write_text(prompt, encoding="utf-8")
+    # the byte tokenizer of the synthetic presets: BOS, then one token per UTF-8 byte
+    file_tokens = 1 + len(prompt.encode("utf-8"))
+    runs = {"draft": ["--draft", "synthetic:dense-tiny", "--temperature", "0.8", "--top-p", "0.9"],
+            "lookup": ["--prompt-lookup", "2"]}
+    for name, flags in runs.items():
+        proposed.clear()
+        out = tmp_path / f"{name}.json"
+        r = runner.invoke(app, [*BASE, *flags, "-k", "2", "--prompt-file", str(f), "--json", str(out)])
+        assert r.exit_code == 0, r.output
+        assert "speculative" in r.output and "acceptance (pooled)" in r.output  # printed only when drafts ran
+        doc = json.loads(out.read_text())["payload"]
+        assert doc["text"] == prompt  # the file was read, whole
+        expected = ("synthetic:dense-tiny", None) if name == "draft" else (None, 2)
+        assert (doc["draft"], doc["prompt_lookup"]) == expected
+        stats = doc["result"]["stats"]
+        assert stats["prompt_tokens"] == file_tokens, (name, stats["prompt_tokens"])
+        # the named proposer, and only it, proposed the drafts the run counted
+        assert set(proposed) == {name}, (name, proposed)
+        assert proposed[name] == sum(stats["drafted_by_position"]) > 0, (name, proposed, stats)
+        assert stats["new_tokens"] == len(doc["result"]["tokens"]) > 0
 
 
 def test_bad_options():

@@ -29,9 +29,15 @@ def test_measure_writes_a_resumable_artifact(tmp_path):
 
 
 def test_measure_rejects_two_drafts(tmp_path):
-    result = CliRunner().invoke(app, ["measure", "--model", "synthetic:olmoe-tiny", "--draft", "synthetic:dense-tiny",
-                                      "--prompt-lookup", "2", "--out", str(tmp_path / "m.json")])
-    assert result.exit_code != 0
+    out = tmp_path / "m.json"
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["measure", "--model", "synthetic:olmoe-tiny", "--draft",
+                                                            "synthetic:dense-tiny", "--prompt-lookup", "2", "--out",
+                                                            str(out)])
+    # a usage error (click's exit code 2, by SystemExit) that names the clash, not a crash
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), (result.exception, result.output)
+    assert "Traceback" not in result.output
+    assert "one draft" in result.output and "not both" in result.output, result.output
+    assert not out.exists() and not list(tmp_path.iterdir())  # nothing measured, nothing written
 
 
 def test_the_scaling_curve_is_read_from_the_verify_passes_that_hold_it(tmp_path):

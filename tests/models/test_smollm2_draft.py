@@ -51,14 +51,51 @@ def test_a_draft_of_all_the_teachers_layers_is_the_teacher_and_of_some_an_early_
     assert part.lm_head.weight.data_ptr() == part.get_input_embeddings().weight.data_ptr()
 
 
-def test_the_recipe_trains_on_smollm2s_tokens_and_logits(smollm2, tmp_path):
+def _trained_weights(monkeypatch, model, r, out, logits=None) -> tuple[dict, list]:
+    """The float32 weights of a training of `r` with teacher `model` (its logits passed through
+    `logits` when given), and the input ids of every teacher pass; the scoring at the end is left out."""
+    import moespec.models.train as train_module
+
+    seen = []
+    with monkeypatch.context() as mp:
+        forward = model.forward
+
+        def teacher(*args, **kwargs):
+            seen.append(kwargs["input_ids"].clone())
+            result = forward(*args, **kwargs)
+            if logits is not None:
+                result.logits = logits(result.logits)
+            return result
+
+        mp.setattr(model, "forward", teacher)
+        mp.setattr(train_module, "finish", lambda draft, *a, **k: {
+            name: t.detach().clone() for name, t in draft.state_dict().items()})
+        weights = train("tiny-smollm2-draft", out, r=r, threads=1, teacher=model)
+    return weights, seen
+
+
+def test_the_recipe_trains_on_smollm2s_tokens_and_logits(smollm2, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
     model, tok = smollm2
     r = dataclasses.replace(RECIPES["tiny-smollm2-draft"], teacher_dtype="float32")
-    m = train("tiny-smollm2-draft", tmp_path, r=r, threads=1, teacher=model)
+    m = train("tiny-smollm2-draft", tmp_path / "run", r=r, threads=1, teacher=model)
     assert m["tokenizer"] == "smollm2" and m["tokens_seen"] == r.steps * r.batch * r.seq
     assert 0 <= m["held_out_teacher_agreement"]["code"] <= 1
-    draft, draft_tok = load(str(tmp_path))
+    # The teacher labels every step's batch, and its logits are the labels: the same training
+    # again gives the same weights (so any difference below is the labels'), and one on the
+    # teacher's logits moved by one vocabulary id gives other weights in every trained tensor.
+    same, seen = _trained_weights(monkeypatch, model, r, tmp_path / "same")
+    assert [tuple(x.shape) for x in seen] == [(r.batch, r.seq)] * r.steps
+    assert all(int(x.max()) < 49152 for x in seen)  # SmolLM2's ids
+    shipped = load_file(tmp_path / "run" / "model.safetensors")
+    assert shipped and all(torch.equal(t, same[name].to(t.dtype)) for name, t in shipped.items())
+    shifted, _ = _trained_weights(monkeypatch, model, r, tmp_path / "shifted", logits=lambda x: x.roll(1, dims=-1))
+    assert set(shifted) == set(same)
+    differ = [name for name in shipped if not torch.equal(shifted[name], same[name])]  # the trained, shipped tensors
+    assert differ == list(shipped), sorted(set(shipped) - set(differ))
+    draft, draft_tok = load(str(tmp_path / "run"))
     assert draft_tok.get_vocab() == tok.get_vocab() and draft.config.moespec_vocab_limit == 49152
     # shipped without the embedding, which loading reads from SmolLM2's file: the draft's rows are the target's
     assert torch.equal(draft.get_input_embeddings().weight, model.get_input_embeddings().weight)
-    assert (tmp_path / "model.safetensors").stat().st_size < 8 * 2**20
+    assert (tmp_path / "run" / "model.safetensors").stat().st_size < 8 * 2**20

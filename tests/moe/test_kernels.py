@@ -14,8 +14,9 @@ from moespec.models.synthetic import build
 from moespec.moe import registry
 from moespec.moe.experts import expert_bytes, expert_views, find_experts
 from moespec.moe.kernels import dedup, per_slot, union_size
+from tests.moe.conftest import moe_presets
 
-MOE_PRESETS = ["olmoe-tiny", "qwen3moe-tiny", "mixtral-tiny", "deepseekv2-tiny", "gptoss-tiny"]
+MOE_PRESETS = moe_presets()
 # the torch kernels; tests/moe/test_compiled.py runs the same checks on the compiled ones
 KERNELS = {"per_slot": per_slot, "dedup": dedup, "auto": registry.torch_auto, "compiled_auto": registry.auto}
 PATTERNS = ["random", "repeats", "one_expert", "top1"]

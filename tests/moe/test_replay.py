@@ -12,8 +12,9 @@ from moespec.moe.replay import RoutingReplay, layer_map, replay_routing
 from moespec.moe.routing import record, experts_modules
 from moespec.moe.traces import RoutingTrace
 from moespec.provenance import model_fingerprint
+from tests.moe.conftest import moe_presets
 
-MOE_PRESETS = ["olmoe-tiny", "qwen3moe-tiny", "mixtral-tiny", "deepseekv2-tiny", "gptoss-tiny"]
+MOE_PRESETS = moe_presets()
 
 
 def fake_trace(N: int, m: int, layers: int = 3, tokens: int = 40, seed: int = 0) -> RoutingTrace:

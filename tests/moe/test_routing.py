@@ -8,8 +8,17 @@ from moespec.models import synthetic
 from moespec.moe.routing import RoutingRecorder, experts_modules, moe_shape, record, record_to_file, tokenize
 from moespec.moe.traces import RoutingTrace, read_header
 from moespec.provenance import model_fingerprint
+from tests.moe.conftest import moe_presets
 
-MOE_PRESETS = ["olmoe-tiny", "qwen3moe-tiny", "mixtral-tiny", "deepseekv2-tiny", "gptoss-tiny"]
+MOE_PRESETS = moe_presets()
+
+
+def test_the_moe_presets_are_every_tiny_preset_with_experts():
+    tiny = [name for name in synthetic.preset_names() if name.endswith("-tiny")]
+    for name in tiny:  # built, so the list is checked against the models, not against the presets' table
+        model, _ = synthetic.build(name, seed=0)
+        assert bool(experts_modules(model)) == (name in MOE_PRESETS), name
+    assert MOE_PRESETS and set(MOE_PRESETS) < set(tiny)
 
 
 def documents(seed=0, lengths=(24, 9)):

@@ -43,7 +43,7 @@ class Document:
 
 
 def held_out(name: str, every: int) -> bool:
-    """The stable rule: a document is held out when sha256(name) is 0 modulo `every`."""
+    """The stable rule: held out when the first 8 bytes of sha256(name), big-endian, are 0 modulo `every`."""
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") % every == 0
 
 
