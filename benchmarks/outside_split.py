@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec import artifacts
-from moespec.bench.prompts import verified_texts
+from moespec.bench.verified_text import verified_texts
 from moespec.bench.verify import default_flusher, time_passes
 from moespec.kernel_names import DEDUP, SLOT, ENGINE_KERNELS as KERNELS
 from moespec.models.load import load

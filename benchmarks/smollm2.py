@@ -41,7 +41,7 @@ from rich.table import Table
 from moespec import artifacts
 from moespec.bench.prompts import CHAT_KINDS, chat_ids, chat_prompts
 from moespec.engine.decode import generate
-from moespec.engine.gate import run_level3
+from moespec.bench.gate import run_level3
 from moespec.engine.proposers import PromptLookup
 from moespec.models import load, trained
 from moespec.models.text import training_text

@@ -49,7 +49,8 @@ def ratios(entry: dict, prompts: int) -> dict[int, dict[float, float]]:
 
 def distinct_tokens(model_spec: str, depth: int, prompts: int, length: int = 80) -> list[int]:
     """Distinct ids among the first `length` greedy tokens after each built-in prompt cut to `depth`."""
-    from moespec.bench.prompts import greedy_continuation, prompt_ids, vocab_limit
+    from moespec.bench.prompts import prompt_ids, vocab_limit
+    from moespec.bench.verified_text import greedy_continuation
     from moespec.models.load import load
 
     model, tok = load(model_spec)

@@ -25,7 +25,7 @@ _ENGINE = {
     "OracleDraft": "moespec.engine.proposers",
     "PromptLookup": "moespec.engine.proposers",
     "GenerationResult": "moespec.engine.stats",
-    "run_gate": "moespec.engine.gate",
+    "run_gate": "moespec.bench.gate",
     "fast_linear": "moespec.moe.dense",
 }
 

@@ -12,7 +12,7 @@ from moespec.bench.prompts import prompt_ids
 from moespec.bench.sweep import oracle_points, run_draft, run_oracle
 from moespec.bench.sweep_cells import SweepCell, resample_throughput, step_time
 from moespec.kernel_names import DEDUP, ENGINE_KERNELS as KERNELS
-from moespec.engine.cached import CachedModel
+from moespec.backends.torch_model import CachedModel
 from moespec.engine.decode import generate
 from moespec.engine.proposers import OracleDraft, PromptLookup
 from moespec.models.synthetic import build
@@ -142,7 +142,7 @@ def test_draft_sweep_reports_the_engine_paper_figures(tiny, monkeypatch):
     the counts: plain decoding feeds one token a round (the first round's came with the prefill),
     a round at k = 2 feeds its drafts and, after the first, the token before them."""
     import moespec.bench.prefilled as prefilled
-    import moespec.engine.cached as cached
+    import moespec.backends.torch_model as cached
     import moespec.engine.decode as decode
 
     TOKEN, DRAFT, DEPTH = 2.0**-10, 2.0**-12, 32

@@ -216,16 +216,16 @@ def test_time_passes_calls_between_right_after_each_timed_pass():
 def test_time_passes_with_a_stride_verifies_later_windows_over_the_text_before_them():
     """Repetition r passes ids[d + s r : d + s r + n] on a cache holding exactly ids[:d + s r]."""
     from moespec.bench.verify import time_passes
-    from moespec.engine import cached
+    from moespec.backends import torch_model as cached
 
     model, tok = build("olmoe-tiny")
     ids = list(range(40, 80))
     seen = []
     extend = cached.CachedModel.extend
 
-    def spy(self, tokens):
+    def spy(self, tokens, outputs=None):
         seen.append((self.length, [int(t) for t in tokens.reshape(-1)]))
-        return extend(self, tokens)
+        return extend(self, tokens, outputs)
 
     cached.CachedModel.extend = spy
     try:
@@ -244,7 +244,7 @@ def test_verified_text_is_the_targets_greedy_continuation(tiny):
     """Teacher-forced once, the model's argmax after each prefix is the next continuation token."""
     import torch
 
-    from moespec.bench.prompts import verified_texts
+    from moespec.bench.verified_text import verified_texts
 
     model, tok = tiny
     (text,) = verified_texts(model, tok, 16, 1, 6)

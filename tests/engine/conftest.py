@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from moespec.engine.gate import TableLM
+from moespec.backends.table_model import TableLM
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ greedy `generate` (float32, CPU), and bad input gives a clear error or the exact
 import pytest
 import torch
 
-from moespec.engine.cached import CachedModel
+from moespec.backends.torch_model import CachedModel
 from moespec.engine.decode import check_pairing, generate
 from moespec.engine.proposers import OracleDraft
 from moespec.models import synthetic
@@ -52,9 +52,9 @@ class _Passes(CachedModel):
         super().__init__(model)
         self.sizes: list[int] = []
 
-    def extend(self, tokens):
+    def extend(self, tokens, outputs=None):
         self.sizes.append(int(tokens.shape[-1]))
-        return super().extend(tokens)
+        return super().extend(tokens, outputs)
 
 
 @pytest.mark.parametrize("k", [0, 3])

@@ -52,9 +52,9 @@ class _Clock:
             lm.extend = self._timed(lm.extend, cost)
 
     def _timed(self, extend, cost):
-        def timed(tokens):
+        def timed(tokens, outputs=None):
             self.now += cost(tokens.numel())
-            return extend(tokens)
+            return extend(tokens, outputs)
         return timed
 
     def perf_counter(self) -> float:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from moespec.engine.decode import generate
-from moespec.engine.cached import CachedModel
+from moespec.backends.torch_model import CachedModel
 from moespec.engine.proposers import OracleDraft
 from moespec.models import synthetic
 

@@ -7,7 +7,7 @@ import torch
 
 from moespec.bench.prompts import chat_ids, chat_prompts
 from moespec.engine.decode import generate
-from moespec.engine.gate import run_level3
+from moespec.bench.gate import run_level3
 from moespec.engine.proposers import PromptLookup
 from moespec.models.load import load
 

@@ -2,7 +2,6 @@
 
 import copy
 import functools
-import os
 import warnings
 
 import pytest

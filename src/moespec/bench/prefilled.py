@@ -7,34 +7,33 @@ from typing import Sequence
 
 import torch
 
+from moespec.backends.protocol import as_spec_model, output_rows
 from moespec.bench.prompts import PREFILL_CHUNK, prompt_ids
 from moespec.device import synchronize
-from moespec.engine.cached import CachedModel
 from moespec.kernel_names import DEDUP, SLOT
 
 
 class PrefilledTarget:
     """A target whose cache holds one prompt's prefill, reused by every `generate` call on it.
 
-    It presents the `CachedModel` interface (`extend`, `truncate`, `reset`, `length`, `width`,
-    `vocab_limit`, `device`, `forward_s`). Positions inside the prompt are served from the logits
-    kept at prefill (rows [P, V]); positions past it run the model on the real cache, which always
-    holds the prompt.
+    It speaks the `SpecModel` protocol, over any backend. Positions inside the prompt are served from
+    the logits kept at prefill (rows [P, V]); positions past it run the model on the real cache, which
+    always holds the prompt.
     Extending a prompt position with any other token than the prompt's raises ValueError.
     `hold(tokens)` makes the prompt longer by `tokens`, so that runs can start further into a text.
     """
 
     def __init__(self, model, prompt: torch.Tensor):  # prompt: [P] int64
-        self.inner = CachedModel(model)
+        self.inner = as_spec_model(model)
         self.prompt = torch.as_tensor(prompt, dtype=torch.long).reshape(-1)
         P = self.prompt.shape[0]
-        synchronize(self.inner.device)
+        self.device = getattr(self.inner, "device", None)
+        synchronize(self.device)
         t0 = time.perf_counter()
         rows = [self.inner.extend(self.prompt[s : s + PREFILL_CHUNK]) for s in range(0, P, PREFILL_CHUNK)]
-        synchronize(self.inner.device)
+        synchronize(self.device)
         self.prefill_s = time.perf_counter() - t0
         self.logits = torch.cat(rows)  # [P, V] float32 CPU, row j predicts token j+1
-        self.device = self.inner.device
         self.forward_s = 0.0
         self._length = 0
 
@@ -69,9 +68,10 @@ class PrefilledTarget:
         self._length = min(self._length, n)
         self.inner.truncate(max(self._length, self.prompt.shape[0]))
 
-    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Append tokens [n]; returns the logits of the n new positions, [n, V] float32 CPU."""
+    def extend(self, tokens: torch.Tensor, outputs: int | None = None) -> torch.Tensor:
+        """Append tokens [n]; returns the logits of the n new positions (the last `outputs`), [n, V] float32 CPU."""
         tokens = tokens.reshape(-1)
+        rows = output_rows(tokens.numel(), outputs)
         P, start, n = self.prompt.shape[0], self._length, int(tokens.shape[0])
         inside = max(0, min(start + n, P) - start)
         if inside and not torch.equal(tokens[:inside], self.prompt[start : start + inside]):
@@ -85,12 +85,12 @@ class PrefilledTarget:
             parts.append(self.inner.extend(tokens[inside:]))
             self.forward_s += self.inner.forward_s - before
         self._length = start + n
-        return torch.cat(parts)
+        return torch.cat(parts)[-rows:]
 
 
 def avoid_slot_prefill(model) -> None:
     """Leave the per-slot kernel before a prefill: it reads one expert per (token, slot), d*m reads."""
-    if getattr(model.config, "_experts_implementation", None) == SLOT:
+    if getattr(getattr(model, "config", None), "_experts_implementation", None) == SLOT:
         model.set_experts_implementation(DEDUP)
 
 

@@ -1,13 +1,11 @@
-"""The text the verify passes and sweeps read: built-in prompts cut to a depth, the target's greedy
-continuation of them, and the windows that repetitions verify `STRIDE` tokens apart.
-
-Imports no torch; `greedy_continuation` runs the engine on first call.
+"""The built-in prompts the verify passes and sweeps read, cut to a depth, the chat requests, and the
+windows that repetitions verify `STRIDE` tokens apart. Imports no torch (the target's greedy
+continuation of these prompts is `bench.verified_text`).
 """
 
 from __future__ import annotations
 
 from importlib import resources
-from typing import Sequence
 
 PROMPT_COUNT = 6
 PROMPT_SEPARATOR = "\n\n"
@@ -50,28 +48,9 @@ def prompt_ids(tokenizer, length: int, count: int = PROMPT_COUNT) -> list[list[i
     return out
 
 
-def greedy_continuation(model, prompt: Sequence[int], length: int, vocab_limit: int | None = None) -> list[int]:
-    """The target's first `length` greedy tokens after `prompt` (untimed): the text a speculative
-    step verifies (the oracle draft proposes it, marking some drafts wrong), and the oracle's reference."""
-    from moespec.bench.prefilled import avoid_slot_prefill
-    from moespec.engine.decode import generate
-
-    if length < 1:
-        raise ValueError(f"length must be >= 1 token, got {length}")
-    avoid_slot_prefill(model)
-    return list(generate(model, list(prompt), k=0, temperature=0.0, max_new_tokens=length,
-                         vocab_limit=vocab_limit, prefill_last=False).tokens)
-
-
 def vocab_limit(tokenizer) -> int | None:
     """The ids a decode may produce: the tokenizer's length where it has one (the output layer may be padded)."""
     return len(tokenizer) if hasattr(tokenizer, "__len__") else None
-
-
-def verified_texts(model, tokenizer, depth: int, prompts: int, length: int) -> list[list[int]]:
-    """Per built-in prompt: its first `depth` tokens followed by `length` greedy tokens of the target."""
-    limit = vocab_limit(tokenizer)
-    return [ids + greedy_continuation(model, ids, length, limit) for ids in prompt_ids(tokenizer, depth, prompts)]
 
 
 def continuation_length(reps: int, n_max: int, stride: int = STRIDE) -> int:

@@ -27,9 +27,8 @@ import torch
 
 from moespec.pointlog import OnPoint, logged_point
 from moespec.bench.prefilled import avoid_slot_prefill
-from moespec.bench.prompts import (
-    PREFILL_CHUNK, PROMPT_COUNT, STRIDE, continuation_length, prompt_ids, verified_texts,
-)
+from moespec.bench.prompts import PREFILL_CHUNK, PROMPT_COUNT, STRIDE, continuation_length, prompt_ids
+from moespec.bench.verified_text import verified_texts
 from moespec.bench.timing import CacheFlusher, ModuleClock, Timing, measure
 from moespec.bench.verify_times import ScalingCurve, VerifyTimes
 from moespec.kernel_names import DEDUP, ENGINE_KERNELS, TO_COST
@@ -68,7 +67,7 @@ def time_passes(
     pass spent inside its experts modules, summed over the layers (`ModuleClock`), so the pass's
     time outside the expert operation is its time minus these, read from the pass itself.
     """
-    from moespec.engine.cached import CachedModel
+    from moespec.backends.torch_model import CachedModel
 
     ns = sorted(set(int(n) for n in ns))
     if not ns or ns[0] < 1:

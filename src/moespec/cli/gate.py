@@ -28,7 +28,7 @@ def _test(c) -> str:
 
 def _rows(result) -> list[tuple[str, str, str, str]]:
     """The verdict table of a GateResult: (level, check, figure, verdict)."""
-    from moespec.engine.gate import EXACT_TOL, LEVEL1_ALPHA
+    from moespec.bench.gate import EXACT_TOL, LEVEL1_ALPHA
 
     l1, l2, l3 = result.level1, result.level2, result.level3
     worst, err = min(l1.fit, key=lambda f: l1.fit[f].pvalue), max(l1.max_error.values())
@@ -79,7 +79,7 @@ def gate_cmd(
     """Check that speculative decoding of this pair is lossless; exit 1 if any level fails."""
     from moespec import artifacts
     from moespec.engine.decode import check_pairing
-    from moespec.engine.gate import run_gate
+    from moespec.bench.gate import run_gate
     from moespec.models.load import load
 
     console = Console()

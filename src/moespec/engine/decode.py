@@ -15,8 +15,8 @@ from typing import Sequence
 
 import torch
 
+from moespec.backends.protocol import as_spec_model
 from moespec.device import peak_rss_bytes, synchronize
-from moespec.engine.cached import CachedModel
 from moespec.engine.policy import AutoK, make_policy
 from moespec.engine.proposers import DraftModel, Proposal, Proposer
 from moespec.engine.sampling import Sampler, SamplingConfig
@@ -70,6 +70,16 @@ def _narrow_message(vocab: int, target_width: int, draft_width: int | None) -> s
     return f"vocab_limit={vocab} is above the target's logit width {target_width}; give vocab_limit <= {target_width}"
 
 
+def _check_room(role: str, model, P: int, max_new_tokens: int, max_k: int) -> None:
+    """Raise before any pass when a round could need more positions than the model's cache holds."""
+    capacity = getattr(model, "capacity", None)
+    need = P + max_new_tokens + max_k
+    if capacity is not None and need > capacity:
+        raise ValueError(f"the {role}'s context holds {capacity} positions, but a {P}-token prompt, max_new_tokens="
+                         f"{max_new_tokens} and drafts of up to {max_k} need {need}; shorten the prompt or "
+                         f"max_new_tokens, or load the model with a larger context (n_ctx)")
+
+
 def _as_proposer(draft) -> Proposer | None:
     if draft is None or isinstance(draft, Proposer):
         return draft
@@ -101,8 +111,8 @@ def generate(
 ) -> GenerationResult:
     """Lossless speculative decoding of `target` from `input_ids`.
 
-    target: a transformers causal LM (or a CachedModel). draft: None (plain decoding), a causal LM
-    (wrapped as DraftModel) or a `Proposer`. k: drafts per round (0 = plain decoding), or "auto": each
+    target: a transformers causal LM or any `backends.SpecModel` (a llama.cpp `LlamaModel`, ...).
+    draft: None (plain decoding), a causal LM or SpecModel (wrapped as DraftModel) or a `Proposer`. k: drafts per round (0 = plain decoding), or "auto": each
     round drafts the k in 0..max_k with the most expected tokens per second (`policy.AutoK`), from
     acceptance by position and step times learned from the past rounds; `step_times` (V(0..max_k),
     seconds) seeds the step times. An `AutoK` instance as k is used and updated in place: pass the
@@ -132,7 +142,7 @@ def generate(
     prompt = _as_prompt(input_ids)
     P = prompt.shape[0]
     eos = set() if eos_token_id is None else {int(eos_token_id)} if isinstance(eos_token_id, int) else set(eos_token_id)
-    tgt = target if isinstance(target, CachedModel) or hasattr(target, "extend") else CachedModel(target)
+    tgt = as_spec_model(target)
     tgt.reset()
     proposer = _as_proposer(draft) if policy.max_k > 0 else None
     draft_cache = proposer.cache if proposer is not None else None
@@ -142,6 +152,8 @@ def generate(
         vocab_limit = min(declared) if declared else None
     if vocab_limit is not None and vocab_limit > width:
         raise ValueError(_narrow_message(vocab_limit, tgt.width, None if draft_cache is None else draft_cache.width))
+    for role, m in (("target", tgt), ("draft", draft_cache)):
+        _check_room(role, m, P, max_new_tokens, policy.max_k)
     sampler = Sampler(config, width=width, vocab_limit=vocab_limit, seed=seed)
     if proposer is not None:
         proposer.begin(target=tgt, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler)
@@ -164,9 +176,9 @@ def generate(
     pending = None  # [1, V] logits at position L whose input is already cached: only after the prefill
     if max_new_tokens > 0:
         if prefill_last:
-            pending = tgt.extend(prompt)[-1:]  # the whole prompt in one pass
+            pending = tgt.extend(prompt, outputs=1)  # the whole prompt in one pass
         elif P > 1:
-            tgt.extend(prompt[:-1])  # the last prompt token counts as emitted, not yet fed
+            tgt.extend(prompt[:-1], outputs=1)  # the last prompt token counts as emitted, not yet fed
         verify_s += time.perf_counter() - t_start
     while L - P < max_new_tokens:
         if max_steps is not None and len(per_round) == max_steps:

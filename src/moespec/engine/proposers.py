@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from moespec.engine.cached import CachedModel
+from moespec.backends.protocol import SpecModel, as_spec_model
 from moespec.engine.sampling import Sampler
 
 
@@ -48,11 +48,11 @@ class Proposer(Protocol):
     """What `generate` calls on a draft source: `begin` once, then `propose` and `commit` each round."""
 
     @property
-    def cache(self) -> CachedModel | None:
+    def cache(self) -> SpecModel | None:
         """The proposer's own model cache (it bounds the sampling width and vocabulary, and its forward
         time is reported as `draft_forward_s`), or None when it runs no model."""
 
-    def begin(self, *, target: CachedModel, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
+    def begin(self, *, target: SpecModel, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
         """Called before the clock starts; prompt: [P] int64; sampler: the one that verifies the drafts."""
 
     def propose(self, context: torch.Tensor, k: int) -> Proposal:
@@ -63,7 +63,7 @@ class Proposer(Protocol):
 
 
 class DraftModel:
-    """A second causal LM with its own KV cache; q is exactly the distribution each draft came from.
+    """A second causal LM with its own KV cache (any backend); q is exactly the distribution each draft came from.
 
     Between rounds its cache holds a prefix of the committed sequence. A round feeds the uncached
     suffix (one token after a rejection; two after a full acceptance, since x_K was sampled but
@@ -71,11 +71,11 @@ class DraftModel:
     """
 
     def __init__(self, model):
-        self._cache = model if hasattr(model, "extend") else CachedModel(model)
+        self._cache = as_spec_model(model)
         self.sampler: Sampler | None = None
 
     @property
-    def cache(self) -> CachedModel:
+    def cache(self) -> SpecModel:
         return self._cache
 
     def begin(self, *, target, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
@@ -84,7 +84,7 @@ class DraftModel:
 
     def propose(self, context: torch.Tensor, k: int) -> Proposal:
         s, cache = self.sampler, self._cache
-        logits = cache.extend(context[cache.length:])[-1:]  # [1, V]
+        logits = cache.extend(context[cache.length:], outputs=1)  # [1, V]
         xs, qs = [], []
         for i in range(k):
             q = s.prepare(logits)  # [1, W]
@@ -191,7 +191,7 @@ class OracleDraft:
         self._given = reference
         self.reanchors = 0
         self.draws = 0
-        self._target: CachedModel | None = None
+        self._target: SpecModel | None = None
         self._ref: torch.Tensor = torch.zeros(0, dtype=torch.long)  # [P + max_new_tokens] prompt + greedy tokens
         self._end = 0
 
@@ -233,7 +233,7 @@ class OracleDraft:
         ref[:L] = context
         if L < self._end:
             t.truncate(min(before, L - 1))
-            logits = t.extend(context[t.length:])[-1:]
+            logits = t.extend(context[t.length:], outputs=1)
             for j in range(L, self._end):
                 ref[j] = self._sampler.sample(self._sampler.prepare(logits))[0]
                 if j + 1 < self._end:

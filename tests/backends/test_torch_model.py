@@ -8,7 +8,7 @@ number of positions only reorders float32 sums).
 import pytest
 import torch
 
-from moespec.engine.cached import CachedModel
+from moespec.backends.torch_model import CachedModel
 from moespec.models import synthetic
 
 TINY = [n for n in synthetic.preset_names() if n.endswith("-tiny")]

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
+from moespec.backends.table_model import TableLM
 from moespec.engine import sampling
 from moespec.engine.decode import generate
 
@@ -158,51 +159,6 @@ def run_level1(*, trials: int = 50_000, vocab: int = 30, seed: int = 0) -> Level
     return Level1(trials, vocab, errors, threshold, fits, power)
 
 
-class TableLM:
-    """A mock causal LM with CachedModel's interface: the logits at position t are A[x_t] + B[t % 3].
-
-    A: [V, W], B: [3, W] seeded normals times `scale`; padded columns V..W-1 (width W >= V) get a
-    large logit, so a sampler that ignored the vocabulary limit would emit them. Logits depend on the
-    position, so a misaligned cache changes them. The engine's tests use it too.
-    """
-
-    def __init__(self, V: int = 48, seed: int = 0, *, width: int | None = None, scale: float = 1.0):
-        W = width or V
-        g = torch.Generator().manual_seed(seed)
-        self.A = torch.randn(V, W, generator=g) * scale  # [V, W]
-        self.B = torch.randn(3, W, generator=g) * scale * 0.5  # [3, W]
-        self.A[:, V:] = 8.0
-        self.tokens = torch.zeros(0, dtype=torch.long)  # [length]
-        self.forward_s, self.device, self.extends = 0.0, torch.device("cpu"), 0
-
-    @property
-    def width(self) -> int:
-        return self.A.shape[1]
-
-    @property
-    def length(self) -> int:
-        return self.tokens.shape[0]
-
-    def reset(self) -> None:
-        self.tokens, self.forward_s = self.tokens[:0], 0.0
-
-    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [n] -> logits [n, W]."""
-        if tokens.numel() == 0:
-            raise ValueError("extend needs at least one token")
-        pos = torch.arange(self.length, self.length + tokens.numel())
-        self.tokens = torch.cat((self.tokens, tokens.reshape(-1)))
-        self.extends += 1
-        return self.A[tokens.reshape(-1)] + self.B[pos % 3]
-
-    def truncate(self, n: int) -> None:
-        self.tokens = self.tokens[:n]
-
-    def fresh_logits(self) -> torch.Tensor:
-        """Logits of every cached position recomputed from the tokens, [length, W]."""
-        return self.A[self.tokens] + self.B[torch.arange(self.length) % 3]
-
-
 @dataclass
 class Greedy:
     """Greedy speculative decoding at one k against a reference greedy decoder, over the prompts."""
@@ -316,7 +272,7 @@ class Level3:
 
 def _hf_greedy(model, prompt: list[int], n: int, vocab_limit: int, eos: int | None) -> list[int]:
     """transformers' own greedy continuation: up to n tokens or an EOS, never an id >= vocab_limit."""
-    from moespec.engine.cached import CachedModel
+    from moespec.backends.torch_model import CachedModel
 
     width = CachedModel(model).width
     device = next(model.parameters()).device

@@ -1,10 +1,8 @@
-"""A causal LM with a KV cache that can be extended and rolled back (engine paper Sec. 4).
+"""The torch backend: a transformers causal LM with a KV cache that can be extended and rolled back.
 
-`CachedModel` wraps any transformers causal LM. `extend(tokens)` appends tokens to the cache and
-returns float32 CPU logits of the new positions; `truncate(n)` rolls the cache back to its first n
-positions (a no-op when already that short), which is what makes post-rejection cleanup uniform.
-Every forward is timed (device-synchronized) into `forward_s`, so the engine's own overhead is the
-wall time that remains.
+`CachedModel` wraps any transformers causal LM (with moespec's kernels where set) as a `SpecModel`
+(`backends.protocol`). Every forward is timed (device-synchronized) into `forward_s`, so the
+engine's own overhead is the wall time that remains.
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ import time
 
 import torch
 
+from moespec.backends.protocol import output_rows
 from moespec.device import synchronize
 
 
@@ -68,22 +67,22 @@ class CachedModel:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Append tokens [n] (int64) and return the logits of the n new positions, [n, V] float32 CPU."""
+    def extend(self, tokens: torch.Tensor, outputs: int | None = None) -> torch.Tensor:
+        """Append tokens [n] (int64); the logits of the n new positions (or the last `outputs`), [n, V] float32 CPU."""
         n = int(tokens.shape[-1])
-        if n == 0:
-            raise ValueError("extend() needs at least one token")
+        rows = output_rows(n, outputs)
         if self._cache is None:
             self._cache = self._new_cache()
         ids = tokens.reshape(1, n).to(self.device)
         positions = torch.arange(self._length, self._length + n, device=self.device).unsqueeze(0)  # [1, n]
         synchronize(self.device)
         t0 = time.perf_counter()
-        out = self.model(input_ids=ids, position_ids=positions, cache=self._cache, use_cache=True)
+        out = self.model(input_ids=ids, position_ids=positions, cache=self._cache, use_cache=True,
+                         logits_to_keep=0 if rows == n else rows)
         synchronize(self.device)
         self.forward_s += time.perf_counter() - t0
         self._length += n
-        return out.logits[0].to(device="cpu", dtype=torch.float32)
+        return out.logits[0, -rows:].to(device="cpu", dtype=torch.float32)
 
     def truncate(self, n: int) -> None:
         """Roll the cache back to its first n positions; a no-op when it holds n or fewer."""

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 import moespec.cli.main  # noqa: F401  (registers the commands)
 from moespec.cli.app import app
-from moespec.engine import gate, sampling
+from moespec.bench import gate
+from moespec.engine import sampling
 from moespec.models.load import load
 
 SMALL = dict(prompts=2, ks=(1, 4, "auto"), max_k=4, samples=1500, greedy_tokens=12, trials=20_000, mock_runs=300)
