@@ -64,7 +64,7 @@ def test_an_underpowered_test_is_inconclusive_not_a_pass():
     level = gate.Level3(12, greedy, "4", spec=ok, power=weak, padded_ids=0)
     assert level.verdict == "inconclusive" and not level.passed and "900 tokens" in level.reason
     level = gate.Level3(12, [gate.Greedy("4", 2, 1, (1, 7))], "4", spec=ok, power=ok, padded_ids=0)
-    assert level.verdict == "fail" and "(1, 7)" in level.reason
+    assert level.verdict == "fail" and "prompt 1, token 7" in level.reason
 
 
 def test_chi_square_helpers():
@@ -94,3 +94,49 @@ def test_cli_rejects_a_bad_spec():
     result = CliRunner().invoke(app, ["gate", "--target", "synthetic:nope", "--draft", "synthetic:dense-tiny"])
     assert result.exit_code == 2
     assert "no synthetic preset" in result.output
+
+
+def test_level3_on_a_llama_cpp_pair_against_its_own_plain_decoding(gguf_files):
+    """The llama.cpp exports of the trained pair, the target exact: greedy equal to the target's plain
+    decoding at each k, 1,500 sampled tokens per method pass the two-sample test (p > 0.01), and the
+    draft's own sampling is rejected (the trained draft is far weaker than its target)."""
+    target, tok = load(str(gguf_files["olmoe-q8_0"]), backend="llama.cpp", threads=1, exact=True)
+    draft, _ = load(str(gguf_files["draft-q8_0"]), backend="llama.cpp", threads=1)
+    l3 = gate.run_level3(target, draft, tok, prompts=2, ks=(1, 4, "auto"), greedy_tokens=12, samples=1500)
+    assert all(g.equal == g.prompts == 2 and g.margins is None for g in l3.greedy)
+    assert l3.spec.n == (1500, 1500) and l3.spec.pvalue > 0.01 and l3.power.pvalue < 0.01
+    assert l3.verdict == "pass"
+
+
+def test_a_greedy_difference_where_the_targets_argmax_moves_is_named_pass_size(pair):
+    ok = gate.ChiSquare(200.0, 200, 0.5, 201, (900, 900))
+    moved = gate.Greedy("3", 4, 3, (2, 17), margins=(0.004, 0.011), argmax_moves=True)
+    level = gate.Level3(32, [moved], "3", spec=ok, power=gate.ChiSquare(400.0, 200, 1e-9, 201, (900, 900)),
+                        padded_ids=0)
+    assert level.verdict == "pass-size" and not level.passed
+    assert "1 of 4 prompts" in level.reason and "0.004 in a one-token pass" in level.reason and "--exact" in level.reason
+    assert moved.differing_share == 0.25
+    level.greedy = [gate.Greedy("3", 4, 3, (2, 17), margins=(0.9, 0.8), argmax_moves=False)]
+    assert level.verdict == "fail"
+
+
+def test_pass_size_margins_see_a_target_whose_argmax_depends_on_the_pass_size(table_target):
+    """A table model that adds a tie-breaker to one-token passes only: the margins name the move."""
+    gaps, moves = gate._pass_size_margins(table_target, [1, 2, 3, 4], limit=table_target.width)
+    assert moves and gaps[0] != gaps[1]
+
+
+@pytest.fixture
+def table_target():
+    from moespec.backends.table_model import TableLM
+
+    class OneTokenBias(TableLM):
+        def extend(self, tokens, outputs=None):
+            rows = super().extend(tokens, outputs)
+            if tokens.numel() == 1:  # a different function for one-token passes: the runner-up wins
+                top2 = rows.topk(2, dim=-1).indices[:, 1]
+                rows = rows.clone()
+                rows[torch.arange(rows.shape[0]), top2] += 100.0
+            return rows
+
+    return OneTokenBias(16, seed=3)

@@ -11,7 +11,8 @@ runner = CliRunner(env={"COLUMNS": "200"})
 
 def test_generate_chat_with_the_distilled_draft_matches_plain_decoding(smollm2, tmp_path):
     out = tmp_path / "gen.json"
-    r = runner.invoke(app, ["generate", "--target", "smollm2", "--draft", "trained:smollm2-draft", "-k", "2", "--chat",
+    r = runner.invoke(app, ["generate", "--target", "smollm2", "--backend", "torch", "--draft", "trained:smollm2-draft",
+                            "--draft-backend", "torch", "-k", "2", "--chat",
                             "--prompt", "Name three primary colors.", "--max-new-tokens", "12", "--compare",
                             "--json", str(out)])
     assert r.exit_code == 0, r.output

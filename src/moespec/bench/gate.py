@@ -161,12 +161,24 @@ def run_level1(*, trials: int = 50_000, vocab: int = 30, seed: int = 0) -> Level
 
 @dataclass
 class Greedy:
-    """Greedy speculative decoding at one k against a reference greedy decoder, over the prompts."""
+    """Greedy speculative decoding at one k against a reference greedy decoder, over the prompts.
+
+    At the first difference, `margins` holds the top-2 logit gap of the reference's position in a
+    one-token pass and in two-token passes, and `argmax_moves` whether the argmax differs between them:
+    then the target's own logits depend on the pass size (a backend property, engine paper Sec. 6.1).
+    """
 
     k: str
     prompts: int
     equal: int
     first_mismatch: tuple[int, int] | None = None  # (prompt index, token position) of the first difference
+    margins: tuple[float, float] | None = None  # (one-token pass, two-token passes) at the first difference
+    argmax_moves: bool | None = None
+
+    @property
+    def differing_share(self) -> float:
+        """The share of prompts whose speculative tokens differ from the reference's."""
+        return 1 - self.equal / self.prompts if self.prompts else 0.0
 
 
 def _greedy(target, draft, ks, prompts, reference, *, tokens: int, max_k: int, limit: int, eos=None) -> list[Greedy]:
@@ -181,10 +193,25 @@ def _greedy(target, draft, ks, prompts, reference, *, tokens: int, max_k: int, l
                            eos_token_id=eos).tokens
             g.equal += out == ref
             if out != ref and g.first_mismatch is None:
-                g.first_mismatch = (j, next((i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b),
-                                            min(len(out), len(ref))))
+                at = next((i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b), min(len(out), len(ref)))
+                g.first_mismatch = (j, at)
+                if at < len(ref):
+                    g.margins, g.argmax_moves = _pass_size_margins(target, [*p, *ref[:at]], limit)
         checks.append(g)
     return checks
+
+
+def _pass_size_margins(target, context: list[int], limit: int) -> tuple[tuple[float, float], bool]:
+    """The top-2 logit gap of the token after `context`, with `context` fed after its first token in
+    one-token passes and in two-token passes (`pass_agreement.cuts`), and whether the argmax moves."""
+    from moespec.backends.protocol import as_spec_model
+    from moespec.bench.pass_agreement import fed_in_passes, margins
+
+    m = as_spec_model(target)
+    rows = [fed_in_passes(m, context[:1], context[1:], n)[-1:, :limit] for n in (1, 2)]
+    m.reset()
+    gaps = tuple(float(margins(r)[0]) for r in rows)
+    return gaps, int(rows[0].argmax()) != int(rows[1].argmax())
 
 
 def _sample(model, draft, k, prompts, *, runs: int, tokens: int, seed: int, max_k: int, limit: int) -> np.ndarray:
@@ -248,7 +275,9 @@ class Level3:
     padded_ids: int  # sampled tokens at ids >= len(tokenizer) (must be 0)
     alpha: float = ALPHA
 
-    verdict = property(lambda self: self._judge()[0], doc="pass, fail, or inconclusive (only the power check failed)")
+    verdict = property(lambda self: self._judge()[0],
+                       doc="pass, fail, inconclusive (only the power check failed), or pass-size (greedy output "
+                           "differs where the target's own argmax changes with the pass size)")
     reason = property(lambda self: self._judge()[1], doc="why the verdict is not pass; empty when it is")
 
     @property
@@ -258,8 +287,18 @@ class Level3:
     def _judge(self) -> tuple[str, str]:
         bad = [g for g in self.greedy if g.equal < g.prompts]
         if bad:
-            return "fail", (f"greedy tokens differ from transformers' at k={bad[0].k} (prompt, token: "
-                            f"{bad[0].first_mismatch}); in float16/bfloat16 logits need not be batch-invariant")
+            g = bad[0]
+            where = (f"greedy tokens differ from the reference at k={g.k} on {g.prompts - g.equal} of {g.prompts} "
+                     f"prompts (first: prompt {g.first_mismatch[0]}, token {g.first_mismatch[1]})")
+            if g.margins is None:
+                return "fail", where
+            gaps = (f"top-2 margin there {g.margins[0]:.3g} in a one-token pass, {g.margins[1]:.3g} in two-token "
+                    "passes")
+            if g.argmax_moves:
+                return "pass-size", (f"{where}; {gaps}, and the argmax changes with the pass size: the target's "
+                                     "logits depend on how many tokens a pass holds (not batch-invariant), so no "
+                                     "speculative decoder can repeat its plain output; decode with --exact")
+            return "fail", f"{where}; {gaps}"
         if self.padded_ids:
             return "fail", f"{self.padded_ids} sampled tokens are padded ids (>= len(tokenizer))"
         if self.spec.pvalue <= self.alpha:
@@ -305,8 +344,12 @@ def run_level3(target, draft, tokenizer, *, prompts=None, prompt_tokens: int = 3
         raise ValueError(f"samples, tokens_per_run, greedy_tokens must be >= 1, got "
                          f"{samples, tokens_per_run, greedy_tokens}")
     ids, limit, eos = _prompt_ids(tokenizer, prompts, prompt_tokens), len(tokenizer), tokenizer.eos_token_id
-    hf = lambda p: _hf_greedy(target, p, greedy_tokens, limit, eos)
-    greedy = _greedy(target, draft, ks, ids, hf, tokens=greedy_tokens, max_k=max_k, limit=limit, eos=eos)
+    if hasattr(target, "generate") and hasattr(target, "config"):  # a transformers model: its own generate
+        reference = lambda p: _hf_greedy(target, p, greedy_tokens, limit, eos)
+    else:  # another backend: its plain decoding (on llama.cpp, llama.cpp's own greedy tokens)
+        reference = lambda p: generate(target, p, k=0, max_new_tokens=greedy_tokens, vocab_limit=limit,
+                                       eos_token_id=eos).tokens
+    greedy = _greedy(target, draft, ks, ids, reference, tokens=greedy_tokens, max_k=max_k, limit=limit, eos=eos)
     if sample_k is None:
         sample_k = max((k for k in ks if isinstance(k, int)), default="auto")
     runs = -(-samples // tokens_per_run)
@@ -363,5 +406,6 @@ def run_gate(target, draft, tokenizer, *, prompts=None, ks=(1, 4, "auto"), max_k
     level3 = run_level3(target, draft, tokenizer, prompts=prompts, ks=ks, max_k=max_k, greedy_tokens=greedy_tokens,
                         samples=samples, seed=seed, alpha=alpha)
     settings = dict(ks=[str(k) for k in ks], max_k=max_k, samples=samples, greedy_tokens=greedy_tokens,
-                    trials=trials, mock_runs=mock_runs, seed=seed, alpha=alpha)
+                    trials=trials, mock_runs=mock_runs, seed=seed, alpha=alpha,
+                    reference="transformers generate" if hasattr(target, "generate") else "plain decoding")
     return GateResult(level1, level2, level3, settings)

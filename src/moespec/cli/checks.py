@@ -109,6 +109,15 @@ def model_spec(spec: str | None) -> str | None:
     return spec
 
 
+def backend_name(name: str | None) -> str | None:
+    """torch or llama.cpp (None: chosen by the model spec)."""
+    from moespec.models.load import BACKENDS
+
+    if name is not None and name not in BACKENDS:
+        raise typer.BadParameter(f"{name!r} is no backend; use one of {', '.join(BACKENDS)}")
+    return name
+
+
 def routing_file(path: Path | None) -> Path | None:
     """A routing trace to replay (`moe.replay`): an existing Parquet file."""
     if path is not None and not path.is_file():

@@ -11,7 +11,8 @@ from rich.table import Table
 
 from moespec.bench.prompts import PROMPT_COUNT
 from moespec.cli.app import app
-from moespec.cli.checks import MAX_DRAFT, draft_length, interval, model_spec, output_file
+from moespec.cli.checks import MAX_DRAFT, backend_name, draft_length, interval, model_spec, output_file
+from moespec.cli.loading import BACKEND_HELP, load_model
 
 
 def _draft_lengths(values: list[str]) -> list[int | str]:
@@ -46,8 +47,9 @@ def _rows(result) -> list[tuple[str, str, str, str]]:
              ("2", "greedy = plain decoding, k " + ", ".join(g.k for g in l2.greedy),
               f"{sum(g.equal for g in l2.greedy)}/{sum(g.prompts for g in l2.greedy)} identical",
               _mark(all(g.equal == g.prompts for g in l2.greedy) and l2.padded_ids == 0))]
-    rows += [("3", f"greedy = transformers generate, k={g.k}", (f"{g.equal}/{g.prompts} prompts x {l3.greedy_tokens}"
-              " tokens"), _mark(g.equal == g.prompts)) for g in l3.greedy]
+    rows += [("3", f"greedy = {result.settings.get('reference', 'transformers generate')}, k={g.k}",
+              f"{g.equal}/{g.prompts} prompts x {l3.greedy_tokens} tokens" + _margins(g),
+              _mark(g.equal == g.prompts)) for g in l3.greedy]
     rows += [("3", f"sampled k={l3.sample_k} vs target-only, {l3.spec.n[0]:,} tokens each", _test(l3.spec),
               _mark(l3.spec.pvalue > l3.alpha and not l3.padded_ids)),
              ("3", "power: the draft's own sampler is rejected", _test(l3.power),
@@ -55,10 +57,18 @@ def _rows(result) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def _margins(g) -> str:
+    """The first difference's top-2 margins in one- and two-token passes, when greedy output differs."""
+    if g.margins is None:
+        return ""
+    return (f"; first differs at token {g.first_mismatch[1]}, margin {g.margins[0]:.3g} (1-token pass) / "
+            f"{g.margins[1]:.3g} (2-token)" + (", argmax moves" if g.argmax_moves else ""))
+
+
 @app.command("gate")
 def gate_cmd(
     target: str = typer.Option(..., "--target", callback=model_spec,
-                               help="Target model: synthetic:NAME, trained:NAME or a checkpoint folder."),
+                               help="Target model: synthetic:NAME, trained:NAME, a checkpoint folder or a .gguf file."),
     draft: str = typer.Option(..., "--draft", callback=model_spec,
                               help="Draft model spec (must share the target's tokenizer)."),
     samples: int = typer.Option(9_200, "--samples", callback=interval(100),
@@ -75,16 +85,21 @@ def gate_cmd(
                                   help="Level 2: generations per method on the table models."),
     seed: int = typer.Option(0, "--seed", callback=interval(0)),
     json_out: Optional[Path] = typer.Option(None, "--json", callback=output_file, help="Write the gate artifact here."),
+    backend: Optional[str] = typer.Option(None, "--backend", callback=backend_name, help="Target's backend: " + BACKEND_HELP),
+    draft_backend: Optional[str] = typer.Option(None, "--draft-backend", callback=backend_name,
+                                                help="The draft's backend (default as for the target)."),
+    threads: Optional[int] = typer.Option(None, "--threads", callback=interval(1),
+                                          help="llama.cpp's threads, >= 1 (default: all cores)."),
+    exact: bool = typer.Option(False, "--exact", help="Check the target with every pass one function (see generate)."),
 ) -> None:
     """Check that speculative decoding of this pair is lossless; exit 1 if any level fails."""
     from moespec import artifacts
     from moespec.engine.decode import check_pairing
     from moespec.bench.gate import run_gate
-    from moespec.models.load import load
 
     console = Console()
-    model, tok = load(target)
-    draft_model, draft_tok = load(draft)
+    model, tok = load_model(target, backend, threads=threads, exact=exact)
+    draft_model, draft_tok = load_model(draft, draft_backend, threads=threads)
     check_pairing(tok, draft_tok)
     result = run_gate(model, draft_model, tok, prompts=prompts, ks=k, max_k=max_k, samples=samples,
                       greedy_tokens=greedy_tokens, trials=trials, mock_runs=mock_runs, seed=seed,

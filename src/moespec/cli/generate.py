@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec.cli.app import app
-from moespec.cli.checks import (ROUTING_HELP, MAX_DRAFT, draft_length, experts_implementation, interval, model_spec,
-                                output_file, routing_file)
+from moespec.cli.checks import (ROUTING_HELP, MAX_DRAFT, backend_name, draft_length, experts_implementation, interval,
+                                model_spec, output_file, routing_file)
+from moespec.cli.loading import BACKEND_HELP, load_model
 from moespec.kernel_names import AUTO
 
 
@@ -91,12 +92,26 @@ def generate_cmd(
     step_times_from: Optional[Path] = typer.Option(
         None, "--step-times-from", exists=True, dir_okay=False,
         help="-k auto: seed the step times V(0..--max-k) from a prediction artifact (`moespec predict`)"),
+    backend: Optional[str] = typer.Option(None, "--backend", callback=backend_name, help="Target's backend: " + BACKEND_HELP),
+    draft_backend: Optional[str] = typer.Option(None, "--draft-backend", callback=backend_name,
+                                                help="The draft model's backend (default as for the target); "
+                                                     "mixed pairs are fine when the vocabularies agree."),
+    threads: Optional[int] = typer.Option(None, "--threads", callback=interval(1),
+                                          help="llama.cpp's threads, >= 1 (default: all cores)."),
+    exact: bool = typer.Option(False, "--exact", help="Every target pass computes the same function (no one-token "
+                                                      "pass; on llama.cpp no flash attention), so greedy output is "
+                                                      "the same tokens at every -k and in plain decoding. Without "
+                                                      "it a quantized llama.cpp target's logits depend on the pass "
+                                                      "size: see the README."),
 ) -> None:
-    """Decode with a target and a draft (model, prompt lookup or oracle), losslessly."""
+    """Decode with a target and a draft (model, prompt lookup or oracle), losslessly.
+
+    A .gguf target decodes on llama.cpp when moespec[llama] is installed (--backend torch keeps the
+    transformers path)."""
     from moespec import artifacts
     from moespec.engine.decode import check_pairing, generate
     from moespec.engine.proposers import OracleDraft, PromptLookup
-    from moespec.models.load import load
+    from moespec.models.load import resolve_backend
     from moespec.moe.corpus import read_text
 
     if sum(x is not None for x in (draft, prompt_lookup, oracle_acceptance)) > 1:
@@ -108,10 +123,12 @@ def generate_cmd(
     text = prompt if prompt is not None else read_text(prompt_file)
     console = Console()
 
-    model, tok = load(target, experts_implementation=experts, routing=routing, fast_linear=fast_linear)
+    model, tok = load_model(target, backend, threads=threads, exact=exact, experts_implementation=experts,
+                            routing=routing, fast_linear=fast_linear)
     proposer = None
     if draft is not None:
-        proposer, draft_tok = load(draft, experts_implementation=experts, fast_linear=fast_linear)
+        proposer, draft_tok = load_model(draft, draft_backend, threads=threads, experts_implementation=experts,
+                                         fast_linear=fast_linear)
         check_pairing(tok, draft_tok)
     elif prompt_lookup is not None:
         proposer = PromptLookup(prompt_lookup)
@@ -147,6 +164,8 @@ def generate_cmd(
 
     payload = {"target": target, "draft": draft, "prompt_lookup": prompt_lookup,
                "oracle_acceptance": oracle_acceptance, "k": k, "experts": experts, "fast_linear": fast_linear,
+               "backend": resolve_backend(target, backend or "auto"), "draft_backend": draft_backend,
+               "threads": threads, "exact": exact,
                "step_times": seeded, "text": text,
                "chat": chat,
                **kwargs,

@@ -23,23 +23,26 @@ from moespec.engine.sampling import Sampler, SamplingConfig
 from moespec.engine.stats import GenerationResult, Stats
 
 
-def check_pairing(target_tok, draft_tok, *, probe: int = 4096) -> None:
+def check_pairing(target_tok, draft_tok) -> None:
     """Raise ValueError unless the two tokenizers map the same ids to the same tokens.
 
-    Compares `get_vocab()` where both have it; otherwise round-trips the first `probe` ids through
-    `decode`. The error names the first differing ids.
+    Same length first; then `get_vocab()` where both have it, otherwise every id decoded alone with
+    its special tokens (the engine paper's id->text round trip for pairs across backends). The error
+    names the first differing ids.
     """
+    nt, nd = len(target_tok), len(draft_tok)
+    if nt != nd:
+        raise ValueError(f"the target's tokenizer ({target_tok!r}) has {nt} ids and the draft's ({draft_tok!r}) "
+                         f"{nd}; pair models that share one tokenizer")
     if hasattr(target_tok, "get_vocab") and hasattr(draft_tok, "get_vocab"):
-        tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
-        t_by_id = {i: s for s, i in tv.items()}
-        d_by_id = {i: s for s, i in dv.items()}
-        ids = sorted(set(t_by_id) | set(d_by_id))
-        diff = [i for i in ids if t_by_id.get(i) != d_by_id.get(i)]
+        t_by_id = {i: s for s, i in target_tok.get_vocab().items()}
+        d_by_id = {i: s for s, i in draft_tok.get_vocab().items()}
+        diff = [i for i in sorted(set(t_by_id) | set(d_by_id)) if t_by_id.get(i) != d_by_id.get(i)]
     else:
-        n = min(len(target_tok), len(draft_tok), probe)
-        diff = [i for i in range(n) if target_tok.decode([i]) != draft_tok.decode([i])]
-        t_by_id = {i: target_tok.decode([i]) for i in diff[:5]}
-        d_by_id = {i: draft_tok.decode([i]) for i in diff[:5]}
+        text = lambda tok, i: tok.decode([i], skip_special_tokens=False)
+        diff = [i for i in range(nt) if text(target_tok, i) != text(draft_tok, i)]
+        t_by_id = {i: text(target_tok, i) for i in diff[:5]}
+        d_by_id = {i: text(draft_tok, i) for i in diff[:5]}
     if diff:
         shown = ", ".join(f"id {i}: target {t_by_id.get(i)!r} vs draft {d_by_id.get(i)!r}" for i in diff[:5])
         raise ValueError(

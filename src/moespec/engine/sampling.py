@@ -93,6 +93,7 @@ class Sampler:
         self.width = width
         self.vocab_limit = limit
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._rows = self._argmax = None  # prepare's last greedy rows and their argmax
         self._mask = None if limit == width else torch.zeros(width, dtype=torch.bool)
         if self._mask is not None:
             self._mask[limit:] = True
@@ -109,13 +110,19 @@ class Sampler:
         """
         if logits.shape[-1] < self.width:
             raise ValueError(f"logits have width {logits.shape[-1]}, below the shared width {self.width}")
-        z = logits[..., : self.width].to(device="cpu", dtype=torch.float32)
+        z = logits
+        if z.shape[-1] != self.width or z.dtype != torch.float32 or z.device.type != "cpu":
+            z = z[..., : self.width].to(device="cpu", dtype=torch.float32)
         if self._mask is not None:
             z = z.masked_fill(self._mask, float("-inf"))
-        top = z.amax(-1)  # [n]; NaN or +inf anywhere in a row, or a row all -inf, leaves no distribution
+        cfg = self.config
+        if cfg.greedy:  # one reduction gives both the check and the argmax that verify/sample read
+            top, self._argmax = z.max(-1)
+            self._rows = z
+        else:
+            top = z.amax(-1)  # [n]; NaN or +inf anywhere in a row, or a row all -inf, leaves no distribution
         if not torch.isfinite(top).all():
             _no_distribution(z, top, position)
-        cfg = self.config
         if cfg.greedy:
             return z
         z = z / cfg.temperature
@@ -132,10 +139,15 @@ class Sampler:
             probs = probs / probs.sum(-1, keepdim=True)
         return probs
 
+    def _greedy(self, z: torch.Tensor) -> torch.Tensor:
+        """[n] the first maximal id of each row of z (prepare's greedy rows): the argmax prepare already
+        took when z is its last result."""
+        return self._argmax if z is self._rows else z.max(-1).indices
+
     def sample(self, dist: torch.Tensor) -> torch.Tensor:
         """One token per row of `dist` ([n, W] from `prepare`) -> [n] int64."""
         if self.greedy:
-            return dist.argmax(-1)
+            return self._greedy(dist)
         return torch.multinomial(dist, 1, generator=self.generator).squeeze(-1)
 
     def _draw(self, weights: torch.Tensor) -> int:
@@ -152,7 +164,7 @@ class Sampler:
         """
         K = x.shape[0]
         if self.greedy:
-            g = p.argmax(-1)  # [K+1]
+            g = self._greedy(p)  # [K+1]
             a = int((g[:K] == x).cumprod(0).sum()) if K else 0
             return a, int(g[a])
         if K == 0:

@@ -1,4 +1,5 @@
-"""Model spec strings: `synthetic:NAME`, `trained:NAME`, a local checkpoint folder or GGUF file. Nothing is downloaded."""
+"""Model spec strings: `synthetic:NAME`, `trained:NAME`, a local checkpoint folder or GGUF file, on the
+torch or the llama.cpp backend. Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -12,6 +13,39 @@ from moespec.models.tokenizer import marked_tokenizer
 from moespec.moe import registry
 
 SYNTHETIC_PREFIX = "synthetic:"
+BACKENDS = ("torch", "llama.cpp")
+
+
+def resolve_backend(spec: str, backend: str = "auto") -> str:
+    """The backend a spec decodes on: torch or llama.cpp as named; "auto": llama.cpp for a GGUF file
+    when llama-cpp-python is installed, else torch. llama.cpp reads GGUF files only."""
+    from moespec.backends import llama_lib
+
+    if backend not in (*BACKENDS, "auto"):
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)} or auto")
+    is_file = gguf.is_gguf(spec) and not Path(spec).expanduser().is_dir()
+    if backend == "llama.cpp" and not is_file:
+        raise ValueError(f"the llama.cpp backend decodes GGUF files; {spec!r} is none. Write one with "
+                         f"`moespec export-gguf {spec} OUT.gguf`, or use --backend torch")
+    if backend == "auto":
+        backend = "llama.cpp" if is_file and llama_lib.available() else "torch"
+    return backend
+
+
+def load_llama(spec: str, *, threads: int | None = None, n_ctx: int | None = None, exact: bool = False,
+               repack: bool = False):
+    """(LlamaModel, LlamaTokenizer) of a GGUF file on llama.cpp; exact: every pass computes one
+    function (`backends.exact`), at the price of flash attention and of two-token plain steps."""
+    from moespec.backends.exact import ExactPasses, exact_llama_environment
+    from moespec.backends.llama_model import LlamaModel
+    from moespec.backends.llama_tokenizer import LlamaTokenizer
+
+    if exact:
+        exact_llama_environment()
+    model = LlamaModel(gguf.resolve(spec), threads=threads, n_ctx=n_ctx, repack=repack,
+                       flash_attn=False if exact else None)
+    tok = LlamaTokenizer(model)
+    return (ExactPasses(model) if exact else model), tok
 
 
 def load(
@@ -24,6 +58,10 @@ def load(
     experts_implementation: str | None = None,
     routing: str | Path | None = None,
     fast_linear: bool = False,
+    backend: str = "torch",
+    threads: int | None = None,
+    n_ctx: int | None = None,
+    exact: bool = False,
 ):
     """(model, tokenizer) for a spec string.
 
@@ -35,7 +73,19 @@ def load(
     `routing`: a trace file the MoE layers replay (`moe.replay`), e.g. one recorded from trained:olmoe.
     `fast_linear`: the model's linear layers run compiled small-n products (`moespec.fast_linear`),
     as `moespec generate` and the chain's measurements run them.
+    backend: "torch", "llama.cpp" (GGUF files, `load_llama`; threads and n_ctx are llama.cpp's), or "auto":
+    llama.cpp for a GGUF file when llama-cpp-python is installed (what the CLI does). exact: every pass
+    computes the same function (`backends.exact`: no one-token pass), so greedy output is the same at every k.
     """
+    if resolve_backend(spec, backend) == "llama.cpp":
+        given = {k: v for k, v in dict(dtype=dtype, layers=layers, experts_implementation=experts_implementation,
+                                       routing=routing).items() if v is not None}
+        if given or fast_linear:
+            raise ValueError(f"{', '.join([*given, *(['fast_linear'] if fast_linear else [])])} apply to the torch "
+                             "backend; the llama.cpp backend runs the GGUF file as it is")
+        return load_llama(spec, threads=threads, n_ctx=n_ctx, exact=exact)
+    if threads is not None or n_ctx is not None:
+        raise ValueError("threads and n_ctx set llama.cpp's context; on the torch backend use torch.set_num_threads")
     registry.register()
     if spec.startswith(SYNTHETIC_PREFIX):
         name = spec[len(SYNTHETIC_PREFIX):]
@@ -76,4 +126,9 @@ def load(
         from moespec.moe.dense import fast_linear as switch
 
         switch(model)
+    if exact:
+        from moespec.backends.exact import ExactPasses
+        from moespec.backends.protocol import as_spec_model
+
+        return ExactPasses(as_spec_model(model)), tok
     return model, tok

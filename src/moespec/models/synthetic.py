@@ -112,7 +112,7 @@ PRESETS: dict[str, Preset] = {
         dict(
             hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=2,
             num_experts=128, num_experts_per_tok=8, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-            initializer_range=0.02,
+            initializer_range=0.02, norm_topk_prob=True,  # as Qwen3-30B-A3B (and llama.cpp's qwen3moe)
         ),
         embedding_std=0.3,
         experts_key="num_experts",

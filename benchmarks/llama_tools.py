@@ -1,0 +1,78 @@
+"""llama.cpp's own tools (llama-bench, llama-speculative-simple), built from the llama.cpp source that
+the installed llama-cpp-python vendors, so that a benchmark compares moespec with the same llama.cpp;
+and a variant libllama built without llamafile's sgemm (-DGGML_LLAMAFILE=OFF), which llama-cpp-python
+loads instead of its own when LLAMA_CPP_LIB_PATH names its folder.
+
+The source comes from llama-cpp-python's sdist (`pip download`, cached), the builds use the flags
+moespec's README gives for llama-cpp-python (GGML_NATIVE=ON), and everything is cached under
+~/.cache/moespec/. Each build takes a few minutes on 2 cores, once.
+
+    python benchmarks/llama_tools.py          # builds (or finds) them and prints their paths
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+TOOLS = ("llama-bench", "llama-speculative-simple")
+CACHE = Path(os.environ.get("MOESPEC_CACHE", Path.home() / ".cache" / "moespec"))
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> None:
+    print("+", " ".join(map(str, cmd)), flush=True)
+    subprocess.run(cmd, cwd=cwd, check=True)
+
+
+def source_dir(version: str) -> Path:
+    """vendor/llama.cpp of llama-cpp-python `version`'s sdist, downloaded and unpacked once."""
+    root = CACHE / f"llama-cpp-python-{version}"
+    src = root / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
+    if src.is_dir():
+        return src
+    root.mkdir(parents=True, exist_ok=True)
+    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+          f"llama-cpp-python=={version}", "-d", str(root)])
+    (archive,) = root.glob("llama_cpp_python-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        tar.extractall(root, filter="data")
+    return src
+
+
+def build_tools() -> dict[str, Path]:
+    """{tool: path} of llama-bench and llama-speculative-simple for the installed llama-cpp-python."""
+    version = importlib.metadata.version("llama-cpp-python")
+    build = CACHE / f"llama-tools-{version}"
+    paths = {t: build / "bin" / t for t in TOOLS}
+    if all(p.is_file() for p in paths.values()):
+        return paths
+    src = source_dir(version)
+    _run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+          "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"])
+    _run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(os.cpu_count() or 2)])
+    return paths
+
+
+def build_library(llamafile: bool = False) -> Path:
+    """The folder of a libllama built from the same source with llamafile's sgemm on or off."""
+    version = importlib.metadata.version("llama-cpp-python")
+    build = CACHE / f"libllama-{version}-llamafile-{'on' if llamafile else 'off'}"
+    if (build / "bin" / "libllama.so").is_file():
+        return build / "bin"
+    src = source_dir(version)
+    _run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+          "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+          "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=ON",
+          f"-DGGML_LLAMAFILE={'ON' if llamafile else 'OFF'}"])
+    _run(["cmake", "--build", str(build), "--target", "llama", "-j", str(os.cpu_count() or 2)])
+    return build / "bin"
+
+
+if __name__ == "__main__":
+    print(f"libllama without llamafile: {build_library(llamafile=False)}")
+    for name, path in build_tools().items():
+        print(f"{name}: {path}")

@@ -1,0 +1,122 @@
+"""llama.cpp's C API (llama.h) through llama-cpp-python's low-level bindings: the one place that
+imports them, checks a GGUF file before llama.cpp reads it, and quantizes with llama.cpp's own
+quantizer.
+
+llama.cpp aborts the process on some bad input instead of returning an error, so callers check
+first what it would abort on; a file it refuses to load (not GGUF, cut short, an architecture it
+does not know) comes back as NULL, and `load_failure` words its reason. Its log goes to a short
+buffer instead of stderr; errors quote its last lines.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections import deque
+from functools import cache
+from pathlib import Path
+
+BUILD_FLAGS = "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF"
+INSTALL_HINT = f"CMAKE_ARGS=\"{BUILD_FLAGS}\" pip install 'moespec[llama]' (builds llama-cpp-python, about 3 min)"
+GGUF_MAGIC = b"GGUF"
+# llama.cpp's quantizer by the names `moespec export-gguf --type` takes (llama_ftype of llama.h)
+FTYPES = {"f32": 0, "f16": 1, "q8_0": 7, "q4_k": 15}  # q4_k: llama.cpp's Q4_K_M mix (some tensors Q6_K)
+_LOG: deque[str] = deque(maxlen=64)  # llama.cpp's recent log lines, quoted in errors
+_PASSES = [0]  # llama_decode calls made in this process (ggml fixes some settings at its first)
+
+
+@cache
+def bindings():
+    """The `llama_cpp` module, its backend initialized once and its log captured; a clear error without it."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise ValueError(f"the llama.cpp backend needs llama-cpp-python ({e}); install it with: {INSTALL_HINT}") from None
+    llama_cpp.llama_log_set(_log_callback(llama_cpp), ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    return llama_cpp
+
+
+@cache
+def _log_callback(llama_cpp):
+    """The C callback that keeps llama.cpp's log lines (cached: it must outlive every call into the library)."""
+
+    @llama_cpp.llama_log_callback
+    def keep(level: int, text: bytes, user_data) -> None:
+        _LOG.append(text.decode("utf-8", errors="replace"))
+
+    return keep
+
+
+def available() -> bool:
+    """True when llama-cpp-python imports here."""
+    try:
+        bindings()
+    except ValueError:
+        return False
+    return True
+
+
+def count_pass() -> None:
+    """Note one llama_decode call of this process."""
+    _PASSES[0] += 1
+
+
+def decoded() -> bool:
+    """True once this process has run a llama_decode (through `LlamaModel`)."""
+    return _PASSES[0] > 0
+
+
+def last_log(lines: int = 3) -> str:
+    """llama.cpp's last non-empty log lines, joined: what it said before failing."""
+    kept = [line.strip() for line in "".join(_LOG).splitlines() if line.strip()]
+    return " | ".join(kept[-lines:])
+
+
+def check_gguf(path: str | Path) -> Path:
+    """The path, after raising ValueError (naming the file and the fix) unless it is a GGUF file."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{path} is no file; give the path of a .gguf model file")
+    with path.open("rb") as f:
+        head = f.read(4)
+    if head != GGUF_MAGIC:
+        raise ValueError(f"{path} is not a GGUF file (it starts with {head!r}, not {GGUF_MAGIC!r}); convert the "
+                         "model with llama.cpp's convert_hf_to_gguf.py or `moespec export-gguf`")
+    return path
+
+
+def load_failure(path: Path) -> ValueError:
+    """The error for a file llama.cpp refused to load: its own reason and what to do about it."""
+    said = [line.split("error loading model:", 1)[1].strip() for line in "".join(_LOG).splitlines()
+            if "error loading model:" in line]
+    reason = said[-1] if said else last_log()
+    fix = ("load it with --backend torch, or convert it for the llama.cpp that supports it"
+           if "unknown model architecture" in reason else
+           "the file is damaged or cut short: copy or convert it again" if "file bounds" in reason else
+           "check that the file is a complete GGUF model")
+    return ValueError(f"llama.cpp could not load {path}: {reason}; {fix}")
+
+
+def meta(model, key: str) -> str | None:
+    """A model's GGUF metadata value as a string (llama_model_meta_val_str), or None when absent."""
+    llama_cpp = bindings()
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return None if n < 0 else buf.value.decode("utf-8", errors="replace")
+
+
+def quantize(source: str | Path, out: str | Path, kind: str, *, threads: int | None = None) -> Path:
+    """Write `out`, the GGUF file `source` quantized by llama.cpp (llama_model_quantize) to `kind`."""
+    if kind not in FTYPES:
+        raise ValueError(f"quantization type {kind!r} is not one of {', '.join(FTYPES)}")
+    llama_cpp = bindings()
+    check_gguf(source)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[kind]
+    params.nthread = threads or os.cpu_count() or 1
+    params.allow_requantize = True
+    rc = llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise ValueError(f"llama.cpp could not quantize {source} to {kind} (code {rc}): {last_log()}")
+    return Path(out)

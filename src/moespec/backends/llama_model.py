@@ -1,0 +1,179 @@
+"""The llama.cpp backend: a GGUF file decoded by llama.cpp, as a `SpecModel` (engine paper Sec. 4).
+
+One `extend` is one `llama_decode` of its tokens (split in llama.cpp's own way, chunks of `batch`,
+only for long prefills) with logits at every position asked for; `truncate` removes the rolled-back
+positions with `llama_memory_seq_rm`. The weights stay in the file's own quantization: llama.cpp
+reads them, not a dequantized copy.
+
+Weight repacking (llama.cpp's extra buffer types, `--repack`) is off by default: on this project's
+machines (Xeon with AMX) llama.cpp 0.3.36's AMX repack crashes the process (SIGSEGV) on the first
+pass of every quantized file tried (Q4_1, Q8_0, Q4_K_M). The benchmarks run llama.cpp's own tools
+with repacking off too, so both engines run the same kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from moespec.backends import llama_lib
+from moespec.backends.protocol import output_rows
+
+DEFAULT_CONTEXT = 8192  # positions, unless the file was trained on fewer (n_ctx)
+DEFAULT_BATCH = 512  # tokens per llama_decode call (n_batch = n_ubatch), llama.cpp's default
+VOCAB_LIMIT_KEY = "moespec.vocab_limit"  # written by `moespec export-gguf` where the output layer is padded
+
+
+def default_threads() -> int:
+    """All the cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class LlamaModel:
+    """A GGUF model on llama.cpp with one sequence's KV cache.
+
+    path: the .gguf file. threads: llama.cpp's threads for every pass (default: all cores). n_ctx:
+    positions the cache holds (default min(trained context, 8192)). batch: the most tokens one
+    llama_decode takes. repack: llama.cpp's weight repacking (see the module docstring). flash_attn:
+    llama.cpp's flash attention (None: its own choice, on for these CPUs). Free the
+    C handles with `close()` or a `with` block; garbage collection also frees them.
+    """
+
+    def __init__(self, path: str | Path, *, threads: int | None = None, n_ctx: int | None = None,
+                 batch: int = DEFAULT_BATCH, repack: bool = False, flash_attn: bool | None = None):
+        L = llama_lib.bindings()
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be an int >= 1, got {threads!r}; omit it to use all {default_threads()} cores")
+        if n_ctx is not None and n_ctx < 2:
+            raise ValueError(f"n_ctx must be >= 2 positions, got {n_ctx}")
+        if batch < 2:
+            raise ValueError(f"batch must be >= 2 tokens, got {batch}")
+        self.path = llama_lib.check_gguf(path)
+        self.threads = threads or default_threads()
+        self._L, self._model, self._ctx, self._batch = L, None, None, None
+        params = L.llama_model_default_params()
+        params.n_gpu_layers = 0
+        params.use_extra_bufts = repack
+        self._model = L.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            raise llama_lib.load_failure(self.path)
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
+        trained = L.llama_model_n_ctx_train(self._model)
+        ctx = L.llama_context_default_params()
+        ctx.n_ctx = n_ctx or min(trained, DEFAULT_CONTEXT)
+        ctx.n_batch = ctx.n_ubatch = batch
+        ctx.n_threads = ctx.n_threads_batch = self.threads
+        ctx.no_perf = True
+        ctx.flash_attn_type = {None: -1, False: 0, True: 1}[flash_attn]
+        self._ctx = L.llama_init_from_model(self._model, ctx)
+        if not self._ctx:
+            self.close()
+            raise ValueError(f"llama.cpp could not make a context of {ctx.n_ctx} positions for {self.path}: "
+                             f"{llama_lib.last_log()}; try a smaller n_ctx")
+        self.capacity = L.llama_n_ctx(self._ctx)
+        self.batch = batch
+        self._memory = L.llama_get_memory(self._ctx)
+        self._batch = L.llama_batch_init(batch, 0, 1)
+        limit = llama_lib.meta(self._model, VOCAB_LIMIT_KEY)
+        self.vocab_limit = int(limit) if limit is not None else None
+        self.architecture = llama_lib.meta(self._model, "general.architecture")
+        self.tokens: list[int] = []  # the positions the cache holds
+        self.forward_s = 0.0
+        self.device = None
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def width(self) -> int:
+        return self.n_vocab
+
+    def reset(self) -> None:
+        self._L.llama_memory_clear(self._memory, True)
+        self.tokens = []
+        self.forward_s = 0.0
+
+    def truncate(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"truncate() needs n >= 0, got {n}")
+        if n < len(self.tokens):
+            self._L.llama_memory_seq_rm(self._memory, 0, n, -1)
+            del self.tokens[n:]
+
+    def extend(self, tokens: torch.Tensor, outputs: int | None = None) -> torch.Tensor:
+        """Append tokens [n]; logits of the new positions (the last `outputs`), [rows, n_vocab] float32 CPU."""
+        ids = tokens.reshape(-1).tolist() if isinstance(tokens, torch.Tensor) else [int(t) for t in tokens]
+        n = len(ids)
+        rows = output_rows(n, outputs)
+        start = len(self.tokens)
+        if start + n > self.capacity:
+            raise ValueError(f"{self.path.name}: {start} + {n} positions exceed the context of {self.capacity}; "
+                             "load the model with a larger n_ctx")
+        if min(ids) < 0 or max(ids) >= self.n_vocab:
+            bad = next(t for t in ids if not 0 <= t < self.n_vocab)
+            raise ValueError(f"token id {bad} is outside {self.path.name}'s vocabulary of {self.n_vocab}")
+        first_out = n - rows  # index of the first token whose logits are returned
+        out = []
+        t0 = time.perf_counter()
+        for lo in range(0, n, self.batch):
+            chunk = ids[lo: lo + self.batch]
+            wanted = self._fill(chunk, start + lo, first_out - lo)
+            rc = self._L.llama_decode(self._ctx, self._batch)
+            llama_lib.count_pass()
+            if rc != 0:
+                self._L.llama_memory_seq_rm(self._memory, 0, start, -1)
+                raise ValueError(f"llama_decode failed on {len(chunk)} tokens at position {start + lo} "
+                                 f"(code {rc}): {llama_lib.last_log()}")
+            if wanted:
+                view = np.ctypeslib.as_array(self._L.llama_get_logits(self._ctx), shape=(wanted, self.n_vocab))
+                out.append(torch.from_numpy(view.copy()))
+        self.forward_s += time.perf_counter() - t0
+        self.tokens.extend(ids)
+        return out[0] if len(out) == 1 else torch.cat(out)
+
+    def _fill(self, chunk: list[int], position: int, first_out: int) -> int:
+        """Write one llama_batch: tokens at consecutive positions of sequence 0, logits from index
+        `first_out` on. Returns how many rows of logits it asks for."""
+        b = self._batch
+        b.n_tokens = len(chunk)
+        for i, t in enumerate(chunk):
+            b.token[i] = t
+            b.pos[i] = position + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = i >= first_out
+        return len(chunk) - max(first_out, 0) if first_out < len(chunk) else 0
+
+    def close(self) -> None:
+        """Free llama.cpp's batch, context and model (idempotent)."""
+        L = self._L
+        if self._batch is not None:
+            L.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            L.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            L.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "LlamaModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the bindings may already be gone
+            pass
+
+    def __repr__(self) -> str:
+        return f"LlamaModel({self.path.name}, {self.architecture}, threads={self.threads}, length={self.length})"

@@ -1,0 +1,17 @@
+"""Loading the models a command names, each on its backend."""
+
+from __future__ import annotations
+
+BACKEND_HELP = ("torch or llama.cpp. Default: llama.cpp for a .gguf file when moespec[llama] is installed "
+                "(llama-cpp-python), torch otherwise; --backend torch dequantizes a .gguf file into transformers.")
+
+
+def load_model(spec: str, backend: str | None, *, threads: int | None, exact: bool = False, **torch_options):
+    """(model, tokenizer) of `spec` on its backend: llama.cpp takes the threads, torch the kernel options."""
+    from moespec.models.load import load, resolve_backend
+
+    if resolve_backend(spec, backend or "auto") == "llama.cpp":
+        if torch_options.get("routing") is not None:
+            raise ValueError(f"--routing replays traces in torch MoE layers; {spec} decodes on llama.cpp (add --backend torch)")
+        return load(spec, backend="llama.cpp", threads=threads, exact=exact)
+    return load(spec, backend="torch", exact=exact, **torch_options)
