@@ -6,6 +6,7 @@ Parts (--parts, default all; each a section of the JSON and a table):
               and off; the draft-step/target-step ratio of each pair
   agreement   which pass sizes compute the same function (1..64, prefill chunkings, 1 and 2 threads), with
               llama.cpp's defaults and with --exact's settings
+  fa-off      the same with flash attention off and nothing else changed (with --library: the only part)
   divergence  default-settings greedy speculative output against plain, per type: moespec, and
               llama.cpp's own speculative decoding (llama-speculative-simple)
   head2head   speculative decoding against llama-speculative-simple: same target, draft and prompts, greedy
@@ -22,6 +23,7 @@ scaling and agreement parts on another libllama (e.g. `llama_tools.build_library
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -31,12 +33,16 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-import llama_tools  # noqa: E402
+HERE = Path(__file__).resolve().parent
+# this file's name is the llama_cpp package's: keep its folder off the path, or `import llama_cpp` finds it
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+_spec = importlib.util.spec_from_file_location("llama_tools", HERE / "llama_tools.py")
+llama_tools = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(llama_tools)
 
 NEW = 96  # new tokens per request
 THREADS = 2
-PARTS = ("plain", "scaling", "agreement", "divergence", "head2head")
+PARTS = ("plain", "scaling", "agreement", "fa-off", "divergence", "head2head")
 GGUF = llama_tools.CACHE / "gguf"
 
 
@@ -98,18 +104,22 @@ def llama_spec(target: Path, text: str, *, draft: Path | None = None, spec_type:
     """llama-speculative-simple, greedy: its decode rate, drafted/accepted counts and generated text."""
     tools = llama_tools.build_tools()
     cmd = [str(tools["llama-speculative-simple"]), "-m", str(target), "-p", text, "-n", str(NEW), "--temp", "0",
-           "-t", str(THREADS), "-td", str(THREADS), "--no-repack", "-c", "4096", "--spec-type", spec_type]
+           "-t", str(THREADS), "-td", str(THREADS), "--no-repack", "--no-escape", "-c", "4096", "--spec-type", spec_type]
     if draft is not None:
         cmd += ["-md", str(draft)]
     if n_max is not None:
         cmd += ["--spec-draft-n-max", str(n_max)]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:8])} ... failed: {run.stderr[-2000:]}")
-    speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", run.stderr)
-    drafted = re.search(r"n_drafted = (\d+)", run.stderr)
-    accepted = re.search(r"n_accept\s+= (\d+)", run.stderr)
-    return {"tokens_per_s": float(speed.group(3)), "tokens": int(speed.group(1)), "drafted": int(drafted.group(1)),
+    for attempt in range(3):  # one run in a few hundred stopped after loading, saying nothing: run it again
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", run.stderr)
+        drafted = re.search(r"n_drafted = (\d+)", run.stderr)
+        accepted = re.search(r"n_accept\s+= (\d+)", run.stderr)
+        if run.returncode == 0 and speed and drafted and accepted:
+            break
+    else:
+        raise RuntimeError(f"{' '.join(cmd)} failed (code {run.returncode}): {run.stderr[-1500:]}")
+    tokens, seconds = int(speed.group(1)), float(speed.group(2))
+    return {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds, "drafted": int(drafted.group(1)),
             "accepted": int(accepted.group(1)), "stdout": run.stdout}
 
 
@@ -126,7 +136,7 @@ def byte_prompts(kind: str, count: int = 4, length: int = 256) -> list[str]:
     docs = [d for d in corpus_documents() if d.kind == kind and held_out(d.name, CORPUS_HOLDOUT)]
     text = "\n".join(d.text for d in docs)
     data = text.encode("utf-8")
-    pieces = [data[i * 4 * length: i * 4 * length + length].decode("utf-8", errors="ignore") for i in range(count)]
+    pieces = [data[i * length: (i + 1) * length].decode("utf-8", errors="ignore") for i in range(count)]
     return [p for p in pieces if p]
 
 
@@ -219,10 +229,10 @@ def part_scaling(f: dict, reps: int) -> dict:
     return out
 
 
-def _plain_llama(path: Path, **kw):
+def _plain_llama(path: Path, threads: int = THREADS, **kw):
     from moespec.backends.llama_model import LlamaModel
 
-    return LlamaModel(path, threads=THREADS, **kw)
+    return LlamaModel(path, threads=threads, **kw)
 
 
 def part_agreement(f: dict, setting: str) -> dict:
@@ -240,8 +250,9 @@ def part_agreement(f: dict, setting: str) -> dict:
         prompt, text = ids[:600], ids[600:]
         row = {}
         for setting in (setting,):
-            make = ((lambda t: _plain_llama(f[name], threads=t)) if setting == "default" else
-                    (lambda t: ExactPasses(_plain_llama(f[name], threads=t, flash_attn=False))))
+            make = {"default": lambda t: _plain_llama(f[name], threads=t),
+                    "fa-off": lambda t: _plain_llama(f[name], threads=t, flash_attn=False),
+                    "exact": lambda t: ExactPasses(_plain_llama(f[name], threads=t, flash_attn=False))}[setting]
             model = make(THREADS)
             sizes = pass_sizes(model, prompt, text, range(1, 65))
             chunks = prefill_chunks(model, prompt, text, (600, 256, 64, 16))
@@ -392,7 +403,8 @@ def main() -> None:
     for part in parts:
         t0 = time.perf_counter()
         fn = {"plain": lambda: part_plain(f, args.reps, args.setting), "scaling": lambda: part_scaling(f, args.reps * 3),
-              "agreement": lambda: part_agreement(f, args.setting), "divergence": lambda: part_divergence(f),
+              "agreement": lambda: part_agreement(f, args.setting), "fa-off": lambda: part_agreement(f, "fa-off"),
+              "divergence": lambda: part_divergence(f),
               "head2head": lambda: part_head2head(f, args.reps)}[part]
         result[part] = fn()
         if part in ("plain", "agreement") and args.setting == "default":

@@ -122,7 +122,7 @@ def test_a_greedy_difference_where_the_targets_argmax_moves_is_named_pass_size(p
 
 def test_pass_size_margins_see_a_target_whose_argmax_depends_on_the_pass_size(table_target):
     """A table model that adds a tie-breaker to one-token passes only: the margins name the move."""
-    gaps, moves = gate._pass_size_margins(table_target, [1, 2, 3, 4], limit=table_target.width)
+    gaps, moves = gate._pass_size_margins(table_target, [1, 2], [3, 4], limit=table_target.width)
     assert moves and gaps[0] != gaps[1]
 
 

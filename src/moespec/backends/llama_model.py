@@ -13,6 +13,7 @@ with repacking off too, so both engines run the same kernels.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from pathlib import Path
@@ -82,6 +83,7 @@ class LlamaModel:
         limit = llama_lib.meta(self._model, VOCAB_LIMIT_KEY)
         self.vocab_limit = int(limit) if limit is not None else None
         self.architecture = llama_lib.meta(self._model, "general.architecture")
+        self._logits_at, self._logits_view = None, None
         self.tokens: list[int] = []  # the positions the cache holds
         self.forward_s = 0.0
         self.device = None
@@ -131,11 +133,18 @@ class LlamaModel:
                 raise ValueError(f"llama_decode failed on {len(chunk)} tokens at position {start + lo} "
                                  f"(code {rc}): {llama_lib.last_log()}")
             if wanted:
-                view = np.ctypeslib.as_array(self._L.llama_get_logits(self._ctx), shape=(wanted, self.n_vocab))
-                out.append(torch.from_numpy(view.copy()))
+                out.append(torch.from_numpy(self._logits()[:wanted].copy()))
         self.forward_s += time.perf_counter() - t0
         self.tokens.extend(ids)
         return out[0] if len(out) == 1 else torch.cat(out)
+
+    def _logits(self) -> np.ndarray:
+        """[batch, n_vocab] a view of llama.cpp's logits buffer (llama_get_logits), remade only when it moves."""
+        ptr = self._L.llama_get_logits(self._ctx)
+        address = ctypes.addressof(ptr.contents)
+        if address != self._logits_at:
+            self._logits_at, self._logits_view = address, np.ctypeslib.as_array(ptr, shape=(self.batch, self.n_vocab))
+        return self._logits_view
 
     def _fill(self, chunk: list[int], position: int, first_out: int) -> int:
         """Write one llama_batch: tokens at consecutive positions of sequence 0, logits from index

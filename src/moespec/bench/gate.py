@@ -195,20 +195,22 @@ def _greedy(target, draft, ks, prompts, reference, *, tokens: int, max_k: int, l
             if out != ref and g.first_mismatch is None:
                 at = next((i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b), min(len(out), len(ref)))
                 g.first_mismatch = (j, at)
-                if at < len(ref):
-                    g.margins, g.argmax_moves = _pass_size_margins(target, [*p, *ref[:at]], limit)
+                if 0 < at < len(ref):
+                    g.margins, g.argmax_moves = _pass_size_margins(target, p, ref[:at], limit)
         checks.append(g)
     return checks
 
 
-def _pass_size_margins(target, context: list[int], limit: int) -> tuple[tuple[float, float], bool]:
-    """The top-2 logit gap of the token after `context`, with `context` fed after its first token in
-    one-token passes and in two-token passes (`pass_agreement.cuts`), and whether the argmax moves."""
+def _pass_size_margins(target, prompt: list[int], tokens: list[int], limit: int) -> tuple[tuple[float, float], bool]:
+    """The top-2 logit gap of the token after prompt + tokens, the prompt prefilled and the tokens fed
+    in one-token passes (plain decoding) and in two-token passes (`pass_agreement.cuts`; a verify
+    pass), and whether the argmax moves between the two."""
     from moespec.backends.protocol import as_spec_model
     from moespec.bench.pass_agreement import fed_in_passes, margins
 
     m = as_spec_model(target)
-    rows = [fed_in_passes(m, context[:1], context[1:], n)[-1:, :limit] for n in (1, 2)]
+    m.reset()
+    rows = [fed_in_passes(m, prompt, tokens, n)[-1:, :limit] for n in (1, 2)]
     m.reset()
     gaps = tuple(float(margins(r)[0]) for r in rows)
     return gaps, int(rows[0].argmax()) != int(rows[1].argmax())

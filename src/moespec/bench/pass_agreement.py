@@ -68,8 +68,9 @@ def cuts(T: int, n: int) -> list[int]:
 
 
 def fed_in_passes(model, prompt: Sequence[int], text: Sequence[int], n: int) -> torch.Tensor:
-    """Logits [len(text), W] of `text` fed after `prompt` in passes of n tokens (`cuts`). The model's
-    cache is rolled back to the prompt first."""
+    """Logits [len(text), W] of `text` fed after `prompt` in passes of n tokens (`cuts`). The prompt is
+    prefilled when the cache is shorter; a longer cache must start with this prompt (it is rolled back
+    to it)."""
     if model.length < len(prompt):
         model.reset()
         model.extend(torch.tensor(list(prompt)), outputs=1)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -105,7 +106,9 @@ class Sampler:
     def prepare(self, logits: torch.Tensor, position: int | None = None) -> torch.Tensor:
         """Distributions from logits: [n, V >= W] -> [n, W] float32 on the CPU.
 
-        Probabilities when sampling; when greedy, the masked logits (only their argmax is used).
+        Probabilities when sampling; when greedy, the logits themselves: only their argmax over the
+        first `vocab_limit` ids is used, taken here once, in numpy (a decode step's only arithmetic,
+        and numpy's is the lighter call right after a backend's pass has filled the caches).
         position: the sequence position the first row predicts, named when a row has no distribution.
         """
         if logits.shape[-1] < self.width:
@@ -113,18 +116,20 @@ class Sampler:
         z = logits
         if z.shape[-1] != self.width or z.dtype != torch.float32 or z.device.type != "cpu":
             z = z[..., : self.width].to(device="cpu", dtype=torch.float32)
+        cfg = self.config
+        if cfg.greedy:
+            allowed = z.detach().numpy()[:, : self.vocab_limit]  # [n, vocab_limit]
+            arg = allowed.argmax(-1)  # the first maximum; a NaN counts as the maximum
+            if not np.isfinite(allowed[np.arange(len(arg)), arg]).all():
+                masked = z if self._mask is None else z.masked_fill(self._mask, float("-inf"))
+                _no_distribution(masked, masked.amax(-1), position)
+            self._rows, self._argmax = z, torch.from_numpy(arg)
+            return z
         if self._mask is not None:
             z = z.masked_fill(self._mask, float("-inf"))
-        cfg = self.config
-        if cfg.greedy:  # one reduction gives both the check and the argmax that verify/sample read
-            top, self._argmax = z.max(-1)
-            self._rows = z
-        else:
-            top = z.amax(-1)  # [n]; NaN or +inf anywhere in a row, or a row all -inf, leaves no distribution
+        top = z.amax(-1)  # [n]; NaN or +inf anywhere in a row, or a row all -inf, leaves no distribution
         if not torch.isfinite(top).all():
             _no_distribution(z, top, position)
-        if cfg.greedy:
-            return z
         z = z / cfg.temperature
         if cfg.top_k is not None and cfg.top_k < self.vocab_limit:
             kth = torch.topk(z, cfg.top_k, dim=-1).values[..., -1:]  # [n, 1]
@@ -140,9 +145,9 @@ class Sampler:
         return probs
 
     def _greedy(self, z: torch.Tensor) -> torch.Tensor:
-        """[n] the first maximal id of each row of z (prepare's greedy rows): the argmax prepare already
-        took when z is its last result."""
-        return self._argmax if z is self._rows else z.max(-1).indices
+        """[n] the first maximal id below vocab_limit of each row of z (prepare's greedy rows): the
+        argmax prepare already took when z is its last result."""
+        return self._argmax if z is self._rows else z[..., : self.vocab_limit].max(-1).indices
 
     def sample(self, dist: torch.Tensor) -> torch.Tensor:
         """One token per row of `dist` ([n, W] from `prepare`) -> [n] int64."""
