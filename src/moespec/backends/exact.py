@@ -4,8 +4,10 @@ Speculative decoding is lossless when the verify pass computes the same function
 decoding it replaces. On llama.cpp it does not: a token's logits depend on how many tokens its pass
 holds (`benchmarks/llama_cpp.py`, README). A one-token pass takes other kernels than a longer one
 (llamafile's sgemm from two rows on, flash attention's split-KV path for one query), and on K-quant
-weights a pass of eight or more rows takes the tiled kernel. Passes of two or more tokens, with two
-or more output rows, agree bit for bit once the tiled kernel is off (GGML_CPU_TILED_MM=0).
+weights a pass of eight or more rows takes the tiled kernel; flash attention tiles passes of 64 or
+more queries. With flash attention off (`load_llama(exact=True)` opens the model so) and the tiled
+kernel off (`exact_llama_environment`), passes of two or more tokens, with two or more output rows,
+agree bit for bit: every size 2..64, every prefill chunking, 1 or 2 threads, on nine files measured.
 
 `ExactPasses` therefore never runs a one-token pass nor asks for one output row: a plain round
 feeds two tokens, re-feeding the last committed one after removing it from the cache, and a prefill
