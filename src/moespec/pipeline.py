@@ -17,6 +17,7 @@ from moespec.bench.lineage import check_chain, of_model
 from moespec.bench.measure_base import base_knobs
 from moespec.bench.prediction import KIND as PREDICT_KIND
 from moespec.bench.prediction import SCORE_KIND, predict_all, score_all
+from moespec.kernel_names import DEDUP
 from moespec.moe.traces import read_header
 
 TRACES = "traces.parquet"
@@ -58,10 +59,21 @@ class DemoConfig:
     routing: str | None = None
     # time the characterized layers' operation on each verify pass's window right after the pass
     ops_between_passes: bool = True
+    # "llama.cpp": the chain on llama.cpp, on `model` exported to GGUF of `gguf_type` (or a .gguf
+    # `model` itself), its expert operation timed through ggml (`bench.llama_chain`)
+    backend: str = "torch"
+    gguf_type: str = "q8_0"
+    threads: int | None = None
 
     def __post_init__(self):
         if self.trace_tokens < 16:
             raise ValueError(f"trace_tokens={self.trace_tokens}; trace at least 16 tokens")
+        if self.backend not in ("torch", "llama.cpp"):
+            raise ValueError(f"backend={self.backend!r}; choose 'torch' or 'llama.cpp'")
+        if self.backend == "llama.cpp":  # one kernel, llama.cpp's grouped mul_mat_id; no verified windows
+            one = {"kernels": (DEDUP,), "oracle_kernels": (DEDUP,)}
+            object.__setattr__(self, "measure", {**self.measure, **one})
+            object.__setattr__(self, "ops_between_passes", False)
 
     @classmethod
     def demo(cls, **overrides) -> "DemoConfig":
@@ -106,9 +118,18 @@ def _measure_phase(cfg: DemoConfig, out: Path, *, base: bool, progress: bool, lo
     sweep phase reads the base phase's back from the point log they share."""
     from moespec.bench.measure import measure
 
-    return measure(cfg.model, full=cfg.full, out=out, points=out.with_name(POINTS), base=base, layers=cfg.layers,
-                   progress=progress, loaded=loaded(), verified=verified if op_layers else None,
+    llama = cfg.backend == "llama.cpp"
+    return measure(str(_gguf(cfg, out.parent)) if llama else cfg.model, full=cfg.full, out=out,
+                   points=out.with_name(POINTS), base=base, layers=cfg.layers, progress=progress, loaded=loaded(),
+                   verified=verified if op_layers else None, backend=cfg.backend,
                    **_phase_knobs(cfg, False, op_layers))
+
+
+def _gguf(cfg: DemoConfig, out: Path) -> Path:
+    """The GGUF file the llama.cpp chain runs: `model` itself, or its export into the run folder."""
+    if cfg.model.endswith(".gguf"):
+        return Path(cfg.model).expanduser()
+    return out / f"{cfg.model.replace(':', '-').replace('/', '-')}-{cfg.gguf_type}.gguf"
 
 
 def _phase_knobs(cfg: DemoConfig, base: bool, op_layers: tuple[int, ...] = ()) -> dict[str, Any]:
@@ -168,6 +189,14 @@ def run_demo(
         echo(f"[{name}] done in {seconds[name]:.0f} s -> {path}")
 
     routing = config.routing
+    llama = config.backend == "llama.cpp"
+    if llama and routing is not None:
+        raise ValueError("routing replay runs on the torch backend; the llama.cpp chain runs the file's own routers")
+    gguf = _gguf(config, out) if llama else None
+    if llama and not config.model.endswith(".gguf"):
+        from moespec.bench.llama_chain import export_target
+
+        step("export", gguf, lambda: export_target(config.model, gguf, config.gguf_type))
     if routing == "trained":
         routing = out / TRAINED_ROUTING
         step("trace-trained", routing, lambda: _trace_trained(routing))
@@ -178,20 +207,30 @@ def run_demo(
         if not held:
             from moespec.models.load import load
 
-            held.extend(load(config.model, seed=config.seed, layers=config.layers, routing=routing,
+            held.extend(load(str(gguf), backend="llama.cpp", threads=config.threads) if llama else
+                        load(config.model, seed=config.seed, layers=config.layers, routing=routing,
                              fast_linear=True))  # as `moespec generate` runs it
         return held[0], held[1]
 
     _check_folder(config, out, lambda: loaded()[0])
 
-    step("trace", paths[TRACES], lambda: _trace(*loaded(), config, paths[TRACES]))
-    short = _verified_too_short(config, paths[VERIFIED])
-    if short:  # more verify repetitions read further into the continuation; its first rows stay the same
-        echo(f"[trace-verified] {VERIFIED} {short}; recording it again")
-        paths[VERIFIED].unlink()
-    step("trace-verified", paths[VERIFIED], lambda: _trace_verified(*loaded(), config, paths[VERIFIED]))
-    step("characterize", paths[CHARACTERIZATION],
-         lambda: _characterize(loaded()[0], config, paths[TRACES], paths[VERIFIED], paths[CHARACTERIZATION], progress))
+    if llama:  # routing through transformers on the weights the file holds; no verified windows
+        from moespec.bench.llama_chain import record_gguf_routing
+
+        source = None if config.model.endswith(".gguf") else config.model
+        step("trace", paths[TRACES], lambda: record_gguf_routing(gguf, paths[TRACES], tokens=config.trace_tokens,
+                                                                 source=source))
+        step("characterize", paths[CHARACTERIZATION],
+             lambda: _characterize(str(gguf), config, paths[TRACES], None, paths[CHARACTERIZATION], progress))
+    else:
+        step("trace", paths[TRACES], lambda: _trace(*loaded(), config, paths[TRACES]))
+        short = _verified_too_short(config, paths[VERIFIED])
+        if short:  # more verify repetitions read further into the continuation; its first rows stay the same
+            echo(f"[trace-verified] {VERIFIED} {short}; recording it again")
+            paths[VERIFIED].unlink()
+        step("trace-verified", paths[VERIFIED], lambda: _trace_verified(*loaded(), config, paths[VERIFIED]))
+        step("characterize", paths[CHARACTERIZATION], lambda: _characterize(
+            loaded()[0], config, paths[TRACES], paths[VERIFIED], paths[CHARACTERIZATION], progress))
 
     op_layers = _op_layers(config, paths[VERIFIED])
     changed = _knobs_changed(config, paths[MEASUREMENT_BASE], base=True, op_layers=op_layers)
@@ -315,12 +354,14 @@ def _trace_verified(net, tok, config: DemoConfig, path: Path) -> None:
                      model_spec=config.model).save(path)
 
 
-def _characterize(net, config: DemoConfig, traces: Path, verified: Path, path: Path, progress: bool) -> None:
+def _characterize(net, config: DemoConfig, traces: Path, verified: Path | None, path: Path, progress: bool) -> None:
     from moespec.bench.characterize import characterize
 
     knobs = dict(config.characterize)
     knobs.setdefault("n", _measure_config(config).ns)
     if config.ops_between_passes and "verified_reps" not in knobs:  # the base measurement times them
         verified = None
+    if config.backend == "llama.cpp":
+        knobs["threads"] = config.threads
     characterize(net, traces, verified=verified, out=path, progress=progress, seed=config.seed,
-                 model_spec=config.model, **knobs)
+                 model_spec=None if config.backend == "llama.cpp" else config.model, **knobs)

@@ -42,9 +42,10 @@ def points_path(out: str | Path) -> Path:
     return out.with_name(out.name + ".points.jsonl")
 
 
-def _experts_source(model: Any, dtype, spec: str | None):
+def _experts_source(model: Any, dtype, spec: str | None, threads: int | None = None):
     """(getter layer -> experts module, number of MoE layers or None, label, the model's provenance)
-    for a spec or a module; `spec` names a module's model in its provenance."""
+    for a spec or a module; `spec` names a module's model in its provenance. A GGUF file gives
+    llama.cpp's own expert operation of each layer (`backends.ggml_expert_op`), on `threads` threads."""
     if isinstance(model, torch.nn.Module):
         found = find_experts(model)
         if not found:
@@ -53,6 +54,15 @@ def _experts_source(model: Any, dtype, spec: str | None):
         provenance = of_model(spec, model, experts=PER_POINT) if hasattr(model, "config") else {"model": spec}
         return (lambda l: found[l]), len(found), label, provenance
     spec = str(model)
+    if spec.endswith(".gguf"):
+        from moespec.backends import gguf_info
+        from moespec.backends.ggml_expert_op import ExpertLayer
+        from moespec.backends.llama_model import default_threads
+
+        blocks = gguf_info.expert_layers(spec)
+        threads = threads or default_threads()
+        return ((lambda l: ExpertLayer(spec, blocks[l], threads=threads)), len(blocks), spec,
+                {**gguf_info.identity(spec), "options": {"threads": threads}})
     if spec.startswith("synthetic:"):
         from moespec.models.load import load
 
@@ -90,6 +100,7 @@ def characterize(
     progress: bool = False,
     model_spec: str | None = None,
     restart: bool = False,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark on `layers` and return (and write to `out`) the "characterize" payload.
 
@@ -103,6 +114,9 @@ def characterize(
     `<out>.points.jsonl` and skipped on a rerun under the same provenance (the model, its fingerprint,
     dtype, experts, the traces' fingerprints, seed, u_points, windows, warmup, flush bytes), else
     ProvenanceMismatch; `restart` moves the log to `<name>.old`. model_spec: the spec of a module.
+    A GGUF file as `model` times llama.cpp's own expert operation (`backends.ggml_expert_op`) on
+    `threads` threads (default: llama.cpp's); its trace must carry the file's identity and expert bytes
+    (`moespec trace --model FILE.gguf` records it through transformers and labels it so).
     """
     n_values = sorted({int(x) for x in n})
     if not n_values or n_values[0] < 1:
@@ -121,7 +135,7 @@ def characterize(
     if verified is not None:
         windows_of = verified if isinstance(verified, RoutingTrace) else RoutingTrace.load(verified)
     verified_reps = reps if verified_reps is None else int(verified_reps)
-    get_experts, model_layers, label, target = _experts_source(model, dtype, model_spec)
+    get_experts, model_layers, label, target = _experts_source(model, dtype, model_spec, threads)
     named = {f"the model {label}": {"provenance": target}, _named("the trace", traces): trace}
     if windows_of is not None:
         named[_named("the verified routing", verified)] = windows_of
@@ -151,14 +165,16 @@ def characterize(
     with _progress_bar(progress, total) as advance:
         for l in layer_ids:
             experts = get_experts(l)
-            if expert_views(experts).num_experts != N:
-                raise ValueError(f"layer {l} has {expert_views(experts).num_experts} experts, the trace {N}; "
-                                 "use the trace of this model")
+            have = experts.num_experts if hasattr(experts, "prepare") else expert_views(experts).num_experts
+            if have != N:
+                raise ValueError(f"layer {l} has {have} experts, the trace {N}; use the trace of this model")
             records += expert_op.run(experts, plan[l], kernels, layer=l, reps=reps, warmup=warmup, flush=flusher,
                                      log=log, on_point=advance, seed=seed)
             if extra[l]:
                 records += expert_op.run(experts, extra[l], kernels, layer=l, reps=verified_reps, warmup=warmup,
                                          flush=flusher, log=log, on_point=advance, seed=seed)
+            if hasattr(experts, "close"):
+                experts.close()
             del experts
     payload = summarize(records, trace, layer_ids, n_values)
     payload.update(

@@ -214,13 +214,8 @@ def run(
     """
     if reps < 1:
         raise ValueError(f"reps={reps} must be >= 1")
-    params = next(experts.parameters())
-    dtype, device = params.dtype, params.device
-    H = params.shape[-1] if not getattr(experts, "is_transposed", False) else params.shape[1]
-    b = expert_bytes(experts)
-    fns = {k: kernel_fn(k, experts) for k in kernels_}
     points = [(p, k) for p in passes for k in kernels_]
-    inputs = {p.key: pass_inputs(p, H, dtype, device, seed) for p in passes}
+    b, device, calls = _calls(experts, points, seed)
     samples: dict[int, dict[int, float]] = {i: {} for i in range(len(points))}
     if log is not None:
         for i, (p, k) in enumerate(points):
@@ -231,12 +226,7 @@ def run(
                     if on_point is not None:
                         on_point(requested_bytes(k, p, b) / reps)
 
-    def call(i: int) -> Callable[[], Any]:
-        p, k = points[i]
-        hidden, index, weights = inputs[p.key]
-        fn = fns[k]
-        return lambda: fn(experts, hidden, index, weights)
-
+    call = calls.__getitem__
     order_rng = np.random.default_rng(seed + 104729 * (layer + 1))
     with torch.inference_mode():
         todo = [i for i in range(len(points)) if len(samples[i]) < reps]
@@ -256,6 +246,27 @@ def run(
                     on_point(requested_bytes(k, p, b) / reps)
     return [point_record(layer, k, p, b, Timing(tuple(samples[i][r] for r in range(reps))))
             for i, (p, k) in enumerate(points)]
+
+
+def _calls(experts: Any, points: Sequence[tuple[Pass, str]], seed: int) -> tuple[int, Any, list[Callable]]:
+    """(expert bytes b, device, one zero-argument call per point) for a transformers experts module,
+    or for an operation of another engine (`backends.ggml_expert_op.ExpertLayer`: llama.cpp's own
+    ggml kernels, "slot" as n one-token products, "dedup" as its grouped `mul_mat_id`)."""
+    if hasattr(experts, "prepare"):
+        return experts.expert_bytes, None, [experts.prepare(np.asarray(p.ids), grouped=k == COST_DEDUP)
+                                            for p, k in points]
+    params = next(experts.parameters())
+    dtype, device = params.dtype, params.device
+    H = params.shape[-1] if not getattr(experts, "is_transposed", False) else params.shape[1]
+    fns = {k: kernel_fn(k, experts) for k in {k for _, k in points}}
+    inputs = {p.key: pass_inputs(p, H, dtype, device, seed) for p, _ in points}
+
+    def call(p: Pass, k: str) -> Callable[[], Any]:
+        hidden, index, weights = inputs[p.key]
+        fn = fns[k]
+        return lambda: fn(experts, hidden, index, weights)
+
+    return expert_bytes(experts), device, [call(p, k) for p, k in points]
 
 
 def point_record(layer: int, kernel: str, p: Pass, b: int, timing: Timing) -> dict[str, Any]:

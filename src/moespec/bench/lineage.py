@@ -22,8 +22,14 @@ PER_POINT = "per point: the kernel in its key"
 
 
 def of_model(spec: str | None, model, *, experts: str | None = None) -> dict[str, Any]:
-    """`provenance.model_provenance` of a loaded model plus its MoE shape (`moe.routing.moe_shape`)."""
+    """`provenance.model_provenance` of a loaded model plus its MoE shape (`moe.routing.moe_shape`);
+    a llama.cpp model is known by its GGUF file (`backends.gguf_info.identity`)."""
     from moespec.moe.routing import moe_shape
+
+    if hasattr(model, "path") and str(getattr(model, "path", "")).endswith(".gguf"):
+        from moespec.backends import gguf_info
+
+        return gguf_info.identity(model.path)
 
     return {**model_provenance(spec, model, experts=experts), **moe_shape(model)}
 

@@ -157,6 +157,8 @@ def measure(
     points: str | Path | None = None,
     restart: bool = False,
     routing: str | Path | None = None,
+    backend: str = "torch",
+    threads: int | None = None,
     **knobs,
 ) -> dict[str, Any]:
     """Measure `model_spec` and write the "measure" artifact to `out`; returns its payload.
@@ -176,12 +178,25 @@ def measure(
     provenance (model, fingerprint, dtype, experts, flush, layers, draft), else raises
     `provenance.ProvenanceMismatch`; `restart` moves it to `<name>.old` and measures afresh.
     routing: a trace the target's MoE layers replay (`moe.replay`; part of its fingerprint).
+    backend: "torch", or "llama.cpp" for a GGUF target (`models.load`; `threads` are llama.cpp's). llama.cpp
+    runs one kernel, its own grouped `mul_mat_id` (each distinct expert read once per pass): kernels and
+    oracle_kernels default to the deduplicating one alone there, and the per-slot one is refused.
     """
     from moespec.models.load import load
 
     unknown = set(knobs) - set(MeasureConfig.__dataclass_fields__)
     if unknown:
         raise TypeError(f"unknown measure knobs {sorted(unknown)}; known: {sorted(MeasureConfig.__dataclass_fields__)}")
+    from moespec.models.load import resolve_backend
+
+    engine = resolve_backend(model_spec, backend)
+    if engine == "llama.cpp":
+        one = {"kernels": (DEDUP,), "oracle_kernels": (DEDUP,)}
+        asked = {k: tuple(knobs[k]) for k in one if k in knobs and tuple(knobs[k]) != one[k]}
+        if asked:
+            raise ValueError(f"{asked}: llama.cpp runs one kernel, its grouped mul_mat_id ({DEDUP!r}); drop the "
+                             "kernels, or measure the torch backend for the per-slot one")
+        knobs = {**knobs, **one}
     cfg = MeasureConfig.preset(full, **(base_knobs(knobs) if base else knobs))
     if bool(cfg.op_layers) != (verified is not None):
         raise ValueError(f"op_layers={list(cfg.op_layers)} and verified={verified!r}: timing the expert operation "
@@ -192,7 +207,8 @@ def measure(
 
         verified = RoutingTrace.load(verified)
     if loaded is None:
-        loaded = load(model_spec, seed=cfg.seed, layers=layers, routing=routing, fast_linear=True)
+        loaded = (load(model_spec, backend="llama.cpp", threads=threads) if engine == "llama.cpp" else
+                  load(model_spec, seed=cfg.seed, layers=layers, routing=routing, fast_linear=True))
     model, tokenizer = loaded
     draft, draft_name, draft_provenance = _draft(draft_spec, prompt_lookup, cfg.seed)
     target = of_model(model_spec, model, experts=PER_POINT)
@@ -201,7 +217,8 @@ def measure(
                     fix="record the verified routing with this model: `moespec trace-verified --model MODEL`")
     # what a point depends on beyond its key; the verified windows are this model's (checked above),
     # and a longer recording of them keeps its first rows
-    provenance = {**target, "options": {"layers": layers, "flush": cfg.flush, "draft": draft_provenance}}
+    provenance = {**target, "options": {"layers": layers, "flush": cfg.flush, "draft": draft_provenance,
+                                        **({"threads": getattr(model, "threads", None)} if engine == "llama.cpp" else {})}}
     out = Path(out)
     log = PointLog(out.with_name(out.stem + ".points.jsonl") if points is None else points, provenance,
                    restart=restart)

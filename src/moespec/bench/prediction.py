@@ -163,7 +163,7 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
     ks = sorted(int(k) for k in h)
     if ks != list(range(len(ks))):
         raise ValueError(f"h(k) at depth {times.depth} has k = {ks}; give every k = 0..kmax")
-    out = {"depth": times.depth, "ns": sorted(times.samples.get(SLOT, {})), "tau1": times.tau_meas_1,
+    out = {"depth": times.depth, "ns": list(times.ns), "tau1": times.tau_meas_1,
            "h": [float(_get(h, k)) for k in ks]}
     if times.ops:  # the verified windows' operation, timed between the verify passes
         out["ops"] = {p: {n: t.tolist() for n, t in times.op_times(TO_ENGINE[p]).items()} for p in ("slot", "dedup")}
@@ -370,10 +370,12 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
     if resamples and all(c.get("run_steps") for c in flat):
         T_b = resample_throughput(flat, resamples).reshape(resamples, len(grid), len(ks))
     savings = held.savings()
+    one = SLOT not in held.samples  # an engine with one kernel (llama.cpp): no measured saving
     return score(
-        prediction, tau_slot=held.tau(SLOT), tau_dedup=held.tau(DEDUP), tau_slot_in_sample=fit.tau(SLOT),
-        tau_dedup_in_sample=fit.tau(DEDUP), S_lo={s.n: s.lo for s in savings}, S_hi={s.n: s.hi for s in savings},
-        S={s.n: s.point for s in savings}, throughput=T,
+        prediction, tau_slot=None if one else held.tau(SLOT), tau_dedup=held.tau(DEDUP),
+        tau_slot_in_sample=None if one else fit.tau(SLOT), tau_dedup_in_sample=fit.tau(DEDUP),
+        S_lo=None if one else {s.n: s.lo for s in savings}, S_hi=None if one else {s.n: s.hi for s in savings},
+        S=None if one else {s.n: s.point for s in savings}, throughput=T,
         V=[float(_get(entry["V"], k)) for k in ks], kernel=kernel, throughput_resamples=T_b,
     )
 

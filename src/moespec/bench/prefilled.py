@@ -95,8 +95,9 @@ def avoid_slot_prefill(model) -> None:
 
 
 def switch_kernel(model, kernel: str | None) -> None:
-    """Set the model's experts implementation to `kernel` (None keeps the current one)."""
-    if kernel is not None:
+    """Set the model's experts implementation to `kernel` (None keeps the current one); a model of
+    another backend (llama.cpp) runs its own kernel and has none to set."""
+    if kernel is not None and hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation(kernel)
 
 

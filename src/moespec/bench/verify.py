@@ -67,7 +67,8 @@ def time_passes(
     pass spent inside its experts modules, summed over the layers (`ModuleClock`), so the pass's
     time outside the expert operation is its time minus these, read from the pass itself.
     """
-    from moespec.backends.torch_model import CachedModel
+    from moespec.backends.protocol import as_spec_model
+    from moespec.bench.prefilled import switch_kernel
 
     ns = sorted(set(int(n) for n in ns))
     if not ns or ns[0] < 1:
@@ -80,7 +81,8 @@ def time_passes(
                          f"{ns[-1]} tokens {stride} apart ({need} tokens)")
     ids = torch.as_tensor(list(ids), dtype=torch.int64)  # [len(ids)]
     avoid_slot_prefill(model)
-    cached = CachedModel(model)
+    cached = as_spec_model(model)
+    cached.reset()  # a llama.cpp model is its own cache: start it empty, as a fresh CachedModel is
     for start in range(0, depth, PREFILL_CHUNK):  # chunks bound the [chunk, V] logits of a subword vocabulary
         cached.extend(ids[start : min(start + PREFILL_CHUNK, depth)])
     base = depth  # the cache's length before each pass
@@ -90,15 +92,12 @@ def time_passes(
         if flush is not None:
             flush()
 
-    def switch(kernel: str | None) -> None:
-        if kernel is not None:
-            model.set_experts_implementation(kernel)
-
+    switch = lambda kernel: switch_kernel(model, kernel)  # noqa: E731
     names = [str(k) for k in kernels]
     out: dict[str, dict[str, list[float]]] = {name: {str(n): [] for n in ns} for name in names}
     ops: dict[str, dict[str, list]] = {name: {str(n): [] for n in ns} for name in names}
     inside: dict[str, dict[str, list[float]]] = {name: {str(n): [] for n in ns} for name in names}
-    experts = find_experts(model)
+    experts = find_experts(model) if isinstance(model, torch.nn.Module) else []
     clock = ModuleClock(experts) if experts else None
     with clock if clock is not None else contextlib.nullcontext():
         for n in ns:
@@ -203,7 +202,7 @@ def run_verify(
     """
     ns = sorted(set(int(n) for n in ns))
     op_layers = [int(l) for l in op_layers] if windows is not None else []
-    moe = bool(find_experts(model))  # only passes through experts modules record "inside" (`time_passes`)
+    moe = isinstance(model, torch.nn.Module) and bool(find_experts(model))  # only passes through experts modules record "inside" (`time_passes`)
     length = continuation_length(reps, ns[-1], stride)
     short = [i for i, doc in zip(windows.doc_ids, windows.documents) if len(doc) < length] if op_layers else []
     if short:

@@ -161,6 +161,12 @@ def demo_command(
     routing: Optional[str] = typer.Option(None, "--routing", callback=_demo_routing,
                                           help="'trained': the MoE layers replay the routing trained:olmoe chose on the "
                                                "corpus (recorded into the run folder first); or a trace file to replay"),
+    backend: str = typer.Option("torch", "--backend", help="torch, or llama.cpp: the chain on llama.cpp, on --model "
+                                "exported to GGUF (--gguf-type) or a .gguf --model, into OUT_DIR/llama.cpp; the report "
+                                "shows both backends side by side when both were run"),
+    gguf_type: str = typer.Option("q8_0", "--gguf-type", help="with --backend llama.cpp: f32, f16, q8_0 or q4_k"),
+    threads: Optional[int] = typer.Option(None, "--threads", callback=interval(1),
+                                          help="with --backend llama.cpp: llama.cpp's threads (default: all cores)"),
 ) -> None:
     """The whole chain: trace → characterize → measure → predict → sweep → score → report."""
     from moespec.pipeline import run_demo
@@ -168,15 +174,35 @@ def demo_command(
     if smoke and full:
         raise typer.BadParameter("--smoke and --full exclude each other")
     console = Console()
-    if smoke:
-        config = DemoConfig.smoke()
+    if smoke:  # olmoe-tiny has grouped-query attention, which llama.cpp's olmoe lacks: trained:olmoe there
+        config = DemoConfig.smoke(**({"model": "trained:olmoe"} if backend == "llama.cpp" else {}))
     else:
         make = DemoConfig.full_protocol if full else DemoConfig.demo
         config = make(model=model, layers=layers, routing=routing)
+    if backend not in ("torch", "llama.cpp"):
+        raise typer.BadParameter(f"--backend {backend!r}: choose torch or llama.cpp")
+    if backend == "llama.cpp":
+        from moespec.models.gguf_export import FTYPES
+
+        if gguf_type not in FTYPES:
+            raise typer.BadParameter(f"--gguf-type {gguf_type!r} is not one of {', '.join(FTYPES)}")
+        if routing is not None:
+            raise typer.BadParameter("--routing replays routing on the torch backend; drop it with --backend llama.cpp")
+        from moespec.backends import llama_lib
+
+        if not llama_lib.available():
+            raise typer.BadParameter(f"--backend llama.cpp needs llama-cpp-python: {llama_lib.INSTALL_HINT}")
+        config = replace(config, backend=backend, gguf_type=gguf_type, threads=threads)
+        from moespec.report.build import LLAMA_FOLDER
+
+        out_dir = out_dir / LLAMA_FOLDER
     knobs = {"oracle_reps": oracle_reps, "reps": verify_reps}
     config = replace(config, measure={**config.measure, **{k: v for k, v in knobs.items() if v is not None}})
-    result = run_demo(out_dir, config=config, progress=not smoke, restart=restart,
-                      echo=lambda text: console.print(text, markup=False, highlight=False))
+    try:
+        result = run_demo(out_dir, config=config, progress=not smoke, restart=restart,
+                          echo=lambda text: console.print(text, markup=False, highlight=False))
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e
     for name in ("prediction.json", "score.json"):
         kind = "predict" if name == "prediction.json" else "score"
         payload = artifacts.load(result.out_dir / name, kind)["payload"]

@@ -14,6 +14,7 @@ from moespec.bench.prompts import PROMPT_COUNT
 from moespec.cli.app import app
 from moespec.cli.checks import MAX_DRAFT, ROUTING_HELP, interval, model_spec, output_file, routing_file
 from moespec.cli.characterize import parse_layers
+from moespec.cli.loading import BACKEND_HELP
 from moespec.kernel_names import ENGINE_KERNELS
 
 
@@ -74,6 +75,10 @@ def measure_command(
     restart: bool = typer.Option(False, "--restart", help="move a point log made under another provenance "
                                  "(model, fingerprint, dtype, --flush, --layers, draft) to NAME.old and measure afresh"),
     routing: Optional[Path] = typer.Option(None, "--routing", callback=routing_file, help=ROUTING_HELP),
+    backend: str = typer.Option("auto", "--backend", help=BACKEND_HELP + " llama.cpp runs one kernel, its grouped "
+                                "mul_mat_id: the verify times and the oracle sweep are measured with it alone"),
+    threads: Optional[int] = typer.Option(None, "--threads", callback=interval(1),
+                                          help="llama.cpp's threads (default: all cores)"),
 ) -> None:
     """Measure τ_p(n), S(n), the scaling curve, h(k) and the oracle (and draft) sweeps; resumable under
     the same provenance. With --base: the verify times and the h(k) probe only."""
@@ -98,7 +103,8 @@ def measure_command(
             windows = RoutingTrace.load(verified)
             knobs.update(verified=windows, op_layers=resolve_layers(op_layers.split(","), windows.num_layers))
         payload = measure(model, draft_spec=draft, prompt_lookup=prompt_lookup, full=full, out=out, layers=layers,
-                          base=base, points=points, restart=restart, routing=routing, **knobs)
+                          base=base, points=points, restart=restart, routing=routing, backend=backend,
+                          threads=threads, **knobs)
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
     console = Console()

@@ -48,6 +48,10 @@ def trace(
     weights: bool = typer.Option(False, help="also store the router's weights of the selected experts"),
     seed: int = typer.Option(0, callback=interval(0), help="seed of a synthetic preset's weights"),
     routing: Optional[Path] = typer.Option(None, "--routing", callback=routing_file, help=ROUTING_HELP),
+    for_gguf: Optional[Path] = typer.Option(None, "--for-gguf", exists=True, dir_okay=False, help="label the trace "
+                                            "with this GGUF file (its identity and expert bytes in its own type), for "
+                                            "the chain on llama.cpp: --model is the model the file was exported from, "
+                                            "or the file itself (read dequantized by transformers)"),
 ) -> None:
     """Record the experts each token selects in every MoE layer, reading a corpus by teacher forcing."""
     from moespec.models.load import load
@@ -56,7 +60,7 @@ def trace(
 
     texts = read_corpus(corpus) if corpus else default_corpus()
     names = [str(p) for p in corpus] if corpus else ["moespec:data/corpus"]
-    net, tok = load(model, dtype=dtype, seed=seed, routing=routing)
+    net, tok = load(model, dtype=dtype, seed=seed, routing=routing, backend="torch")
     docs = tokenize(tok, texts, max_tokens)
     total = sum(len(ids) for _, ids in docs)
     with Progress(TextColumn("tracing"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
@@ -66,6 +70,14 @@ def trace(
             net, docs, out, chunk=chunk, model_spec=model, corpus=names, with_weights=weights,
             on_tokens=lambda t: progress.advance(task, t),
         )
+    if for_gguf is not None:
+        from moespec.bench.llama_chain import label_with_file
+        from moespec.moe.traces import RoutingTrace
+
+        try:
+            label_with_file(RoutingTrace.load(out), for_gguf, model).save(out)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from e
     Console().print(f"wrote {out}: {n_docs} documents, {n_tokens} tokens")
 
 

@@ -118,8 +118,9 @@ class Score:
     loss_floor: float | None = None
 
     @property
-    def saving_error(self) -> float:
-        return max(self.saving_error_by_n)
+    def saving_error(self) -> float | None:
+        """The largest saving error; None on an engine with one kernel (no measured saving)."""
+        return max(self.saving_error_by_n, default=None)
 
     @property
     def inside_band_count(self) -> int:
@@ -250,33 +251,36 @@ def sweep_intervals(k_hat: Sequence[int], k_meas: Sequence[int], T_resampled: An
 
 def table8(rules: ScoringRules, *, n_max: int, A: int, crossover_predicted: int | None,
            crossover_measured: int | None, k_within_one: int, max_loss: float, sign_points: int,
-           sign_agree: int, tau_error: float, speedup_inside: Sequence[bool]) -> list[RuleVerdict]:
-    """The six scoring rules of Table 8, each with its value and verdict."""
+           sign_agree: int, tau_error: float, speedup_inside: Sequence[bool],
+           one_kernel: bool = False) -> list[RuleVerdict]:
+    """The six scoring rules of Table 8, each with its value and verdict; on an engine with one
+    kernel (`one_kernel`) the four that do not compare two kernels."""
     distance = crossover_distance(crossover_predicted, crossover_measured, n_max)
     k_min = rules.k_within_one_min(A)
     outside = len(speedup_inside) - sum(speedup_inside)
-    return [
+    pair = [
         RuleVerdict("crossover within one", rules.crossover_within, distance, distance <= rules.crossover_within),
         RuleVerdict(f"k* within one at >= {k_min} of {A} values", k_min, k_within_one, k_within_one >= k_min),
         RuleVerdict(f"loss at most {rules.loss_max:.0%} at every value", rules.loss_max, max_loss,
                     max_loss <= rules.loss_max),
         RuleVerdict("sign of S(n) where the interval excludes 0 (wrong signs)", 0, sign_points - sign_agree,
                     sign_agree == sign_points),
-        RuleVerdict(f"verify time within {rules.verify_max:.0%}, both kernels", rules.verify_max, tau_error,
-                    tau_error <= rules.verify_max),
+        RuleVerdict(f"verify time within {rules.verify_max:.0%}, {'the kernel' if one_kernel else 'both kernels'}",
+                    rules.verify_max, tau_error, tau_error <= rules.verify_max),
         RuleVerdict("best speedup inside (21) (values outside)", 0, outside, outside == 0),
     ]
+    return [r for r in pair if not one_kernel or not r.name.startswith(("crossover", "sign"))]
 
 
 def score(
     prediction: Prediction,
     *,
-    tau_slot: Mapping[Any, float],
+    tau_slot: Mapping[Any, float] | None,
     tau_dedup: Mapping[Any, float],
-    tau_slot_in_sample: Mapping[Any, float],
+    tau_slot_in_sample: Mapping[Any, float] | None,
     tau_dedup_in_sample: Mapping[Any, float],
-    S_lo: Mapping[Any, float],
-    S_hi: Mapping[Any, float],
+    S_lo: Mapping[Any, float] | None,
+    S_hi: Mapping[Any, float] | None,
     throughput: Any,
     V: Sequence[float],
     kernel: str = COST_DEDUP,
@@ -297,6 +301,9 @@ def score(
     S: {n: point estimate of S(n)}; default τ_slot(n) − τ_dedup(n).
     n_max: largest pass size scored (8 where the engine runs one kernel at 9 either way).
     throughput_resamples: [B, A, kmax+1] bootstrap resamples of `throughput` (`sweep_intervals`).
+    An engine that runs one kernel (llama.cpp groups every pass by expert) gives tau_slot,
+    tau_slot_in_sample, S_lo and S_hi as None: there is no measured saving, so the saving's figures are
+    empty, and of Table 8 the crossover and sign rules do not apply (they are left out).
     """
     if kernel not in prediction.V:
         raise ValueError(f"kernel={kernel!r}; the prediction has step times for {sorted(prediction.V)}")
@@ -305,9 +312,10 @@ def score(
         raise ValueError(f"n_max={n_max} must lie in 2..{prediction.n[-1]}, the prediction's pass sizes")
     ns = list(range(2, n_max + 1))
     idx = [prediction.n.index(n) for n in ns]
-    t_slot, t_dedup = _at(tau_slot, ns, "tau_slot"), _at(tau_dedup, ns, "tau_dedup")
-    S_meas = [s - d for s, d in zip(t_slot, t_dedup)] if S is None else _at(S, ns, "S")
-    lo, hi = _at(S_lo, ns, "S_lo"), _at(S_hi, ns, "S_hi")
+    one = tau_slot is None  # one engine kernel: nothing to measure a saving against
+    t_slot, t_dedup = ([] if one else _at(tau_slot, ns, "tau_slot")), _at(tau_dedup, ns, "tau_dedup")
+    S_meas = [] if one else [s - d for s, d in zip(t_slot, t_dedup)] if S is None else _at(S, ns, "S")
+    lo, hi = ([], []) if one else (_at(S_lo, ns, "S_lo"), _at(S_hi, ns, "S_hi"))
     T = np.asarray(throughput, dtype=float)
     A, K = len(prediction.acceptance), prediction.kmax + 1
     if T.shape != (A, K):
@@ -322,14 +330,14 @@ def score(
     S_hat = [prediction.S[i] for i in idx]
     err = [abs(p - m) for p, m in zip(S_hat, S_meas)]
     M_sum = [prediction.M[COST_SLOT][i] + prediction.M[COST_DEDUP][i] for i in idx]
-    c_pred, c_meas = crossover(ns, S_hat), crossover(ns, S_meas)
+    c_pred, c_meas = crossover(ns, S_hat), None if one else crossover(ns, S_meas)
     # sign rule: only where the interval excludes 0, and the predicted sign must be the same
     decided = [(1 if l > 0 else -1, s) for l, h, s in zip(lo, hi, S_hat) if l > 0 or h < 0]
     sign_agree = sum(sign * s > 0 for sign, s in decided)
-    err_slot = _relative_errors([prediction.tau[COST_SLOT][i] for i in idx], t_slot)
+    err_slot = [] if one else _relative_errors([prediction.tau[COST_SLOT][i] for i in idx], t_slot)
     err_dedup = _relative_errors([prediction.tau[COST_DEDUP][i] for i in idx], t_dedup)
-    in_slot = _relative_errors([prediction.tau[COST_SLOT][i] for i in idx],
-                               _at(tau_slot_in_sample, ns, "tau_slot_in_sample"))
+    in_slot = [] if one else _relative_errors([prediction.tau[COST_SLOT][i] for i in idx],
+                                              _at(tau_slot_in_sample, ns, "tau_slot_in_sample"))
     in_dedup = _relative_errors([prediction.tau[COST_DEDUP][i] for i in idx],
                                 _at(tau_dedup_in_sample, ns, "tau_dedup_in_sample"))
     s_V = _speedups(V, prediction.acceptance)
@@ -341,15 +349,16 @@ def score(
     verdicts = table8(rules, n_max=n_max, A=A, crossover_predicted=c_pred, crossover_measured=c_meas,
                       k_within_one=within, max_loss=max(draft["loss"]), sign_points=len(decided),
                       sign_agree=sign_agree, tau_error=max(err_slot + err_dedup),
-                      speedup_inside=draft["speedup_inside"])
+                      speedup_inside=draft["speedup_inside"], one_kernel=one)
     return Score(
         kernel=kernel, version=prediction.version, n=ns, S_measured=S_meas, saving_error_by_n=err,
         inside_band=[prediction.S_lo[i] <= s <= prediction.S_hi[i] for i, s in zip(idx, S_meas)],
         amplification=[m / max(abs(s), AMPLIFICATION_FLOOR) for m, s in zip(M_sum, S_meas)],
-        eps=prediction.eps, eps_implied=implied_eps(err, M_sum), crossover_predicted=c_pred,
+        eps=prediction.eps, eps_implied=None if one else implied_eps(err, M_sum), crossover_predicted=c_pred,
         crossover_measured=c_meas, sign_points=len(decided), sign_agree=sign_agree,
         tau_error=max(err_slot + err_dedup), tau_error_dedup=max(err_dedup),
         tau_error_in_sample=max(in_slot + in_dedup), tau_error_dedup_in_sample=max(in_dedup),
-        saving_error_beyond_interval=max(max(0.0, l - s, s - h) / t for s, l, h, t in zip(S_hat, lo, hi, t_dedup)),
+        saving_error_beyond_interval=max((max(0.0, l - s, s - h) / t for s, l, h, t in zip(S_hat, lo, hi, t_dedup)),
+                                         default=None),
         acceptance=list(prediction.acceptance), rules=verdicts, **draft, **noise,
     )

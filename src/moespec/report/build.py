@@ -17,10 +17,11 @@ from moespec import artifacts
 from moespec.bench.lineage import check_chain
 from moespec.moe.traces import read_header
 from moespec.report.html import Figure, Section, Table, render
-from moespec.report.summary import as_text, crossover_shown, k_within_one, summary_blocks
+from moespec.report.summary import as_text, backends_table, crossover_shown, k_within_one, summary_blocks
 
 FILES = {"traces": "traces.parquet", "characterization": "characterization.json", "prediction": "prediction.json",
          "measurement": "measurement.json", "score": "score.json"}
+LLAMA_FOLDER = "llama.cpp"  # where `moespec demo --backend llama.cpp` runs, inside the torch run folder
 KINDS = {"characterization": "characterize", "prediction": "predict", "measurement": "measure", "score": "score"}
 
 
@@ -69,7 +70,8 @@ def _score_tables(run: dict) -> list:
         d = entry["depth"]
         for version, s in entry["versions"].items():
             within, A = k_within_one(s), len(s["acceptance"])
-            rows3.append([d, version, _ms(max(s["saving_error_by_n"])),
+            one = not s["saving_error_by_n"]  # an engine with one kernel: no measured saving
+            rows3.append([d, version, "—" if one else _ms(max(s["saving_error_by_n"])),
                           f"{crossover_shown(s['crossover_predicted'])} / {crossover_shown(s['crossover_measured'])}", f"{within}/{A}"])
             noise = ["", ""]
             if s.get("resamples"):
@@ -77,8 +79,9 @@ def _score_tables(run: dict) -> list:
                 noise = [f"{100 * lo:.1f} to {100 * hi:.1f}%", f"{100 * s['loss_floor']:.1f}%"]
             rows4.append([d, version, f"{s['sign_agree']} of {s['sign_points']}", f"{within}/{A}",
                           f"{100 * max(s['loss']):.1f}%", *noise, f"{100 * s['tau_error']:.1f}%", f"{s['delta']:.3f}"])
-            rows7.append([d, version, f"{min(s['amplification']):.1f} to {max(s['amplification']):.1f}",
-                          f"{s['eps_implied']:.3f}", f"{s['eps']:.3f}", f"{sum(s['inside_band'])}/{len(s['n'])}"])
+            if not one:
+                rows7.append([d, version, f"{min(s['amplification']):.1f} to {max(s['amplification']):.1f}",
+                              f"{s['eps_implied']:.3f}", f"{s['eps']:.3f}", f"{sum(s['inside_band'])}/{len(s['n'])}"])
     if not rows3:
         return []
     return [Table("Table 3: saving error (ms), crossover predicted / measured, k̂* within one", ["d", "version",
@@ -87,8 +90,8 @@ def _score_tables(run: dict) -> list:
                   "sweep's passes, and the loss floor: what the measured k* itself loses on them, 95th percentile), "
                   "verify-time error, δ", ["d", "version", "sign", "k*", "loss", "loss, 95%", "loss floor", "τ error",
                                           "δ"], rows4),
-            Table("Table 7: amplification, implied ε, engine ε, measured savings inside the band (18)",
-                  ["d", "version", "amplification", "implied ε", "ε", "inside band"], rows7)]
+            *([Table("Table 7: amplification, implied ε, engine ε, measured savings inside the band (18)",
+                     ["d", "version", "amplification", "implied ε", "ε", "inside band"], rows7)] if rows7 else [])]
 
 
 def _figures(run: dict, tmp: Path) -> list:
@@ -126,6 +129,17 @@ def _figures(run: dict, tmp: Path) -> list:
     return sorted(out, key=lambda f: f.caption)
 
 
+def _both_backends(run_dir: Path, run: dict[str, Any]) -> Table | None:
+    """The side-by-side table when the other backend's chain lies beside this one: `moespec demo
+    --backend llama.cpp` runs into the torch run folder's llama.cpp/ subfolder."""
+    llama = run_dir.name == LLAMA_FOLDER
+    other = run_dir.parent if llama else run_dir / LLAMA_FOLDER
+    if not (other / FILES["score"]).exists():
+        return None
+    runs = {"torch": _load_run(other) if llama else run, "llama.cpp": run if llama else _load_run(other)}
+    return backends_table(runs)
+
+
 def build_report(run_dir: str | Path, out: str | Path = "report.html") -> Path:
     """Write the HTML report of the run in `run_dir` to `out` and summary.txt beside it; returns `out`."""
     run_dir = Path(run_dir)
@@ -136,6 +150,9 @@ def build_report(run_dir: str | Path, out: str | Path = "report.html") -> Path:
                 fix=f"make every artifact in {run_dir} with one model, or move the others away")
     out = Path(out)
     summary = summary_blocks(run)
+    sides = _both_backends(run_dir, run)
+    if sides is not None:
+        summary.insert(0, sides)
     (out.parent / "summary.txt").write_text(as_text(summary), encoding="utf-8")
     sections = [Section("Summary", summary or ["nothing predicted or scored yet"])]
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,0 +1,161 @@
+"""The cost-model chain on llama.cpp (`moespec demo --backend llama.cpp`) at smoke size, on trained:olmoe
+exported to q8_0: the file's identity and expert bytes carried by the routing, llama.cpp's expert
+operation characterized through ggml, the prediction's arithmetic recomputed by hand from the
+artifacts, the score with one kernel, and the report beside the torch chain's."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moespec import artifacts
+from moespec.backends import gguf_info
+from moespec.moe.traces import RoutingTrace
+from moespec.pipeline import DemoConfig, run_demo
+from tests.conftest import require_llama
+
+LLAMA_STEPS = ("export", "trace", "characterize", "measure-base", "predict", "measure-sweep", "score")
+
+
+@pytest.fixture(scope="module")
+def chains(tmp_path_factory):
+    """The torch chain in OUT and the llama.cpp chain in OUT/llama.cpp, both on trained:olmoe."""
+    require_llama()
+    out = tmp_path_factory.mktemp("demo")
+    smoke = DemoConfig.smoke(model="trained:olmoe")
+    torch_run = run_demo(out, config=smoke, progress=False, echo=lambda _: None)
+    llama_run = run_demo(out / "llama.cpp", config=DemoConfig.smoke(model="trained:olmoe", backend="llama.cpp",
+                                                                     threads=1), progress=False, echo=lambda _: None)
+    return out, torch_run, llama_run
+
+
+def _payload(folder: Path, name: str, kind: str) -> dict:
+    return artifacts.load(folder / name, kind)["payload"]
+
+
+def test_the_llama_chain_runs_every_step_on_the_exported_file(chains):
+    out, _, result = chains
+    assert result.ran == LLAMA_STEPS
+    gguf = out / "llama.cpp" / "trained-olmoe-q8_0.gguf"
+    assert gguf_info.weight_type(gguf) == "q8_0"
+    base = _payload(out / "llama.cpp", "measurement-base.json", "measure")
+    assert base["provenance"]["experts"] == "llama.cpp" and base["provenance"]["fingerprint"] == gguf_info.fingerprint(gguf)
+    # llama.cpp runs one kernel: only the deduplicating (grouped) verify times and sweep
+    assert set(base["verify"][0]["samples"]) == {"moespec_dedup"}
+    sweep = _payload(out / "llama.cpp", "measurement.json", "measure")
+    assert {e["kernel"] for e in sweep["oracle"]} == {"moespec_dedup"}
+
+
+def test_the_routing_carries_the_files_identity_and_its_own_expert_bytes(chains):
+    out, _, _ = chains
+    llama_trace = RoutingTrace.load(out / "llama.cpp" / "traces.parquet")
+    torch_trace = RoutingTrace.load(out / "traces.parquet")
+    gguf = out / "llama.cpp" / "trained-olmoe-q8_0.gguf"
+    assert list(llama_trace.expert_bytes) == gguf_info.expert_bytes(gguf)
+    # q8_0 stores 34 bytes per 32 weights, the f32 model 128: the file's bytes, not the model's
+    ratio = np.array(llama_trace.expert_bytes) / np.array(torch_trace.expert_bytes)
+    assert np.allclose(ratio, 34 / 128, rtol=0.02)
+    assert llama_trace.model_fingerprint == gguf_info.fingerprint(gguf) and llama_trace.dtype == "q8_0"
+    # the routing itself is the one recorded on the weights the file was exported from
+    assert all(np.array_equal(a, b) for a, b in zip(llama_trace.documents, torch_trace.documents))
+
+
+def test_the_characterization_times_both_reads_through_ggml(chains):
+    out, _, _ = chains
+    char = _payload(out / "llama.cpp", "characterization.json", "characterize")
+    kernels = {p["kernel"] for p in char["points"]}
+    assert kernels == {"slot", "dedup"}
+    b = gguf_info.expert_bytes(out / "llama.cpp" / "trained-olmoe-q8_0.gguf")[0]
+    assert {p["b"] for p in char["points"]} == {b}
+    assert all(p["timing"]["median"] > 0 for p in char["points"])
+
+
+def _union(doc: np.ndarray, n: int, layer: int) -> list[int]:
+    return [len(set(doc[s : s + n, layer].ravel().tolist())) for s in range(doc.shape[0] - n + 1)]
+
+
+def test_the_prediction_is_eq_22_on_the_files_bytes_recomputed_by_hand(chains):
+    """τ̂_dedup(n) = τ_meas(1) + Σ_l (t̄_dedup,l(n) − t̄_slot,l(1)) (22), each t̄ the fit (4)/(E.1) at the
+    window's union bytes with the file's w_l, averaged over the trace's windows; τ_meas(1) the even
+    verify repetitions' per-prompt medians, averaged."""
+    out, _, _ = chains
+    run = out / "llama.cpp"
+    char = _payload(run, "characterization.json", "characterize")
+    base = _payload(run, "measurement-base.json", "measure")
+    pred = _payload(run, "prediction.json", "predict")["depths"][0]["versions"]["prediction"]
+    trace = RoutingTrace.load(run / "traces.parquet")
+    m = trace.top_k
+    samples = np.array(base["verify"][0]["samples"]["moespec_dedup"]["1"])  # [P, R]
+    tau1 = np.median(samples[:, ::2], axis=1).mean()
+    characterized = [int(c) for c in char["layers"]]
+
+    def fit_time(kernel: str, layer: int, U: np.ndarray, n: int) -> np.ndarray:
+        source = min(characterized, key=lambda c: (abs(c - layer), c))
+        c = char["fits"][str(source)][kernel]["coefficients"]
+        b = trace.expert_bytes[layer]
+        if kernel == "dedup":
+            return c["t_op"] + c["c_g"] * U * b + c["c_t"] * n
+        return c["t_op"] + c["c_u"] * U * b + c["c_re"] * (n * m - U) * b
+
+    def mean_time(kernel: str, n: int) -> float:
+        total = 0.0
+        for layer in range(trace.num_layers):
+            U = np.array([u for doc in trace.documents for u in _union(doc, n, layer)], dtype=float)
+            total += fit_time(kernel, layer, U, n).mean()
+        return total
+
+    one = mean_time("slot", 1)
+    for i, n in enumerate(pred["n"]):
+        want = tau1 + (one if n == 1 else mean_time("dedup", n)) - one
+        assert pred["tau"]["dedup"][i] == pytest.approx(want, rel=1e-9)
+
+
+def test_the_score_has_no_saving_rules_on_one_kernel(chains):
+    out, _, _ = chains
+    score = _payload(out / "llama.cpp", "score.json", "score")["depths"][0]["versions"]["prediction"]
+    names = [r["name"] for r in score["rules"]]
+    assert len(names) == 4 and not any(n.startswith(("crossover", "sign")) for n in names)
+    assert score["S_measured"] == [] and score["crossover_measured"] is None
+    assert 0 <= score["tau_error_dedup"] == score["tau_error"]
+
+
+def test_the_report_shows_both_backends_side_by_side(chains):
+    out, _, result = chains
+    for folder in (out, out / "llama.cpp"):
+        text = (folder / "summary.txt").read_text()
+        if folder == out:  # the torch report was written before the llama.cpp chain ran: build it again
+            from moespec.report.build import build_report
+
+            build_report(out, out=out / "report.html")
+            text = (out / "summary.txt").read_text()
+        table = text.split("Both backends")[1].split("\n\n")[0]
+        rows = [line.split() for line in table.splitlines() if line.startswith("  ")][1:]  # under the header
+        assert {r[0] for r in rows} == {"torch", "llama.cpp"}
+
+
+def test_measure_refuses_the_per_slot_kernel_on_llama_cpp(tmp_path, gguf_files):
+    from moespec.bench.measure import measure
+
+    with pytest.raises(ValueError, match="llama.cpp runs one kernel"):
+        measure(str(gguf_files["olmoe-q8_0"]), backend="llama.cpp", threads=1, out=tmp_path / "m.json",
+                kernels=("moespec_slot", "moespec_dedup"), progress=False)
+
+
+def test_a_routing_of_another_shape_is_refused(gguf_files, tmp_path):
+    from moespec.bench.llama_chain import label_with_file
+
+    trace = RoutingTrace([np.zeros((4, 1, 2), dtype=np.int16)], 8, (100,))
+    with pytest.raises(ValueError, match="exported from"):
+        label_with_file(trace, Path(gguf_files["olmoe-q8_0"]), "a model")
+
+
+def test_the_files_identity_names_it_by_its_content(gguf_files, tmp_path):
+    q8, q4 = Path(gguf_files["olmoe-q8_0"]), Path(gguf_files["olmoe-q4_k"])
+    copy = tmp_path / q8.name
+    copy.write_bytes(q8.read_bytes())
+    assert gguf_info.identity(copy) == gguf_info.identity(q8)  # another path, the same file
+    assert gguf_info.fingerprint(q4) != gguf_info.fingerprint(q8)
+    data = bytearray(q8.read_bytes())
+    data[-1] ^= 0xFF  # the last span of the file is always read
+    copy.write_bytes(bytes(data))
+    assert gguf_info.fingerprint(copy) != gguf_info.fingerprint(q8)
