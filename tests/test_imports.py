@@ -20,6 +20,8 @@ TORCH_FREE = [
     "moespec.artifacts",
     "moespec.costmodel",
     "moespec.costmodel.bandwidth",
+    "moespec.costmodel.settings",
+    "moespec.backends.gguf_info",
     "moespec.costmodel.bounds",
     "moespec.costmodel.dedup",
     "moespec.costmodel.fit",
