@@ -11,6 +11,9 @@ torch.set_num_threads(1)
 # ggml reads this once, at llama.cpp's first matrix product in the process: off for the whole session, so
 # that a test of exact=True (`backends.exact`) passes whichever llama.cpp test a worker ran first
 os.environ["GGML_CPU_TILED_MM"] = "0"
+# k="auto" keeps the step times it measured in ~/.cache/moespec/step-times.json (`engine.warm_start`): not from
+# the suite, whose calls would then depend on earlier tests (and seed a user's calls); the store's tests set a tmp file
+os.environ["MOESPEC_STEP_TIMES"] = ""
 
 NO_SMOLLM2 = "MOESPEC_NO_SMOLLM2"  # =1: run without the optional SmolLM2 package (its tests skip, saying so)
 NO_LLAMA = "MOESPEC_NO_LLAMA"  # =1: run without llama-cpp-python (the llama.cpp backend's tests skip, saying so)

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from moespec import artifacts
 from moespec.cli.main import app
 
-runner = CliRunner()
+runner = CliRunner(env={"COLUMNS": "400"})  # rich wraps errors at the terminal width
 V_SLOT = [0.010, 0.016, 0.022]  # seconds: one draft costs 6 ms, so a draft needs a > 0.6
 V_DEDUP = [0.010, 0.011, 0.013, 0.016]  # c = 1, 2, 3 ms: a0 = 0.1
 

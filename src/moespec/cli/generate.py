@@ -48,6 +48,10 @@ def _policy_rows(table: Table, stats) -> None:
     table.add_row("policy acceptance α_1..", "  ".join(f"{a:.2f}" for a in stats.policy["acceptance"]))
     V = stats.policy["step_s"]
     table.add_row("policy V(0..max_k) ms", "-" if V is None else "  ".join(f"{1e3 * v:.1f}" for v in V))
+    warm = stats.policy.get("warm_start")
+    if warm is not None:
+        source = {"store": "stored step times", "timed": "timed pass sizes", None: "none (learned from the rounds)"}
+        table.add_row("warm start", f"{source[warm['source']]}, {1e3 * warm['seconds']:.1f} ms")
 
 
 @app.command("generate")
@@ -89,6 +93,11 @@ def generate_cmd(
                                      help="Linear layers of decode and verify passes: compiled small-n products "
                                           "(moespec.fast_linear), or torch's F.linear."),
     routing: Optional[Path] = typer.Option(None, "--routing", callback=routing_file, help=ROUTING_HELP),
+    warm_start: bool = typer.Option(
+        True, "--warm-start/--no-warm-start",
+        help="-k auto: seed the step times right after the prefill from those that earlier calls of these models "
+             "measured on this machine (~/.cache/moespec/step-times.json; a first call learns them from its rounds); "
+             "the call's measured times are kept for the next. Off: learn them from the rounds alone, keep nothing."),
     step_times_from: Optional[Path] = typer.Option(
         None, "--step-times-from", exists=True, dir_okay=False,
         help="-k auto: seed the step times V(0..--max-k) from a prediction artifact (`moespec predict`)"),
@@ -155,10 +164,11 @@ def generate_cmd(
                   eos_token_id=tok.eos_token_id, seed=seed, vocab_limit=len(tok))
     if compare:  # one short untimed run of each path, so neither timing carries first-call warm-up
         warm = {**kwargs, "max_new_tokens": min(4, max_new_tokens)}
-        generate(model, input_ids, draft=proposer, k=k if proposer is not None else 0, step_times=seeded, **warm)
+        generate(model, input_ids, draft=proposer, k=k if proposer is not None else 0, step_times=seeded,
+                 warm_start=False, **warm)
         generate(model, input_ids, k=0, **warm)
     result = generate(model, input_ids, draft=proposer, k=k if proposer is not None else 0, step_times=seeded,
-                      **kwargs)
+                      warm_start=warm_start, **kwargs)
     console.print(tok.decode(result.tokens), markup=False, highlight=False)
     console.print(_stats_table("speculative" if proposer is not None else "plain decoding", result.stats))
 
@@ -166,7 +176,7 @@ def generate_cmd(
                "oracle_acceptance": oracle_acceptance, "k": k, "experts": experts, "fast_linear": fast_linear,
                "backend": resolve_backend(target, backend or "auto"), "draft_backend": draft_backend,
                "threads": threads, "exact": exact,
-               "step_times": seeded, "text": text,
+               "step_times": seeded, "warm_start": warm_start, "text": text,
                "chat": chat,
                **kwargs,
                "result": result.to_dict()}

@@ -21,6 +21,7 @@ from moespec.engine.policy import AutoK, make_policy
 from moespec.engine.proposers import DraftModel, Proposal, Proposer
 from moespec.engine.sampling import Sampler, SamplingConfig
 from moespec.engine.stats import GenerationResult, Stats
+from moespec.engine.warm_start import prepare, remember, resolve_mode, run_key, store_path
 
 
 def check_pairing(target_tok, draft_tok) -> None:
@@ -111,6 +112,7 @@ def generate(
     vocab_limit: int | None = None,
     max_steps: int | None = None,
     prefill_last: bool = True,
+    warm_start: bool | str = True,
 ) -> GenerationResult:
     """Lossless speculative decoding of `target` from `input_ids`.
 
@@ -135,6 +137,15 @@ def generate(
     verifies only the k drafts (none at k = 0). False: the prefill stops before the prompt's last
     token, which the first round feeds with its drafts, so every round's pass verifies k + 1 tokens:
     each round is a step of the cost model (benchmarks of the step time). The output is the same.
+    warm_start: for k="auto" without step_times (an AutoK as k: one not yet seeded nor timed), the
+    seed of V(0..max_k) right after the prefill (`engine.warm_start`), inside the call's time:
+    True or "store": the step times that earlier calls of the same models on this machine measured
+    (`~/.cache/moespec/step-times.json`; $MOESPEC_STEP_TIMES names another file, empty: none), else
+    none, and the call's measured step times are written back for the next; "timed": a short timing
+    of target passes of 1..max_k+1 tokens and of the draft's steps on the real caches (restored: the
+    output is the same), no file; False: none, the policy opens with timed rounds. Ignored
+    for a fixed k. `stats.policy["warm_start"]` says where the seed came from and what it cost; the
+    store's key hashes a torch model's weights once per loaded model, before the call's clock starts.
     """
     policy = make_policy(k, max_k, step_times)
     if max_new_tokens < 0:
@@ -148,6 +159,8 @@ def generate(
     tgt = as_spec_model(target)
     tgt.reset()
     proposer = _as_proposer(draft) if policy.max_k > 0 else None
+    mode = resolve_mode(warm_start, policy, step_times) if proposer is not None else None
+    key = run_key(tgt, proposer) if mode == "store" and store_path() is not None else None  # hashes weights once
     draft_cache = proposer.cache if proposer is not None else None
     width = tgt.width if draft_cache is None else min(tgt.width, draft_cache.width)
     if vocab_limit is None:
@@ -183,6 +196,14 @@ def generate(
         elif P > 1:
             tgt.extend(prompt[:-1], outputs=1)  # the last prompt token counts as emitted, not yet fed
         verify_s += time.perf_counter() - t_start
+    warm = None
+    if mode is not None and max_new_tokens > 0:
+        warm = prepare(mode, target=tgt, proposer=proposer, context=prompt, max_k=policy.max_k,
+                       max_new_tokens=max_new_tokens, key=key, clock=time.perf_counter)
+        if warm.V is not None:
+            policy.set_seed(warm.V)
+        verify_s += warm.seconds - warm.draft_s  # the lookup and the target's passes, as the prefill
+        draft_s += warm.draft_s
     while L - P < max_new_tokens:
         if max_steps is not None and len(per_round) == max_steps:
             stop = "max_steps"
@@ -236,8 +257,13 @@ def generate(
             ttft = time.perf_counter() - t_start
         if stop == "eos":
             break
+    if warm is not None:
+        remember(warm, policy.measured())
     synchronize(device)
     total = time.perf_counter() - t_start
+    state = policy.state()
+    if warm is not None:
+        state["warm_start"] = warm.to_dict()
 
     stats = Stats(
         k=policy.max_k,
@@ -258,6 +284,6 @@ def generate(
         draft_forward_s=draft_cache.forward_s if draft_cache is not None else 0.0,
         peak_rss_bytes=peak_rss_bytes(),
         k_per_round=tuple(chosen),
-        policy=policy.state(),
+        policy=state,
     )
     return GenerationResult(tokens=seq[P:L].tolist(), stats=stats)

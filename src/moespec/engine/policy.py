@@ -78,10 +78,7 @@ class AutoK:
                  probe: int = 4):
         if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 0:
             raise ValueError(f"max_k must be an int >= 0, got {max_k!r}")
-        if V is not None:
-            V = list(V)
-            if len(V) != max_k + 1 or not all(math.isfinite(v) and v > 0 for v in V):
-                raise ValueError(f"V must give max_k + 1 = {max_k + 1} finite step times > 0 (V(0..max_k)), got {V!r}")
+        V = None if V is None else _checked_seed(V, max_k)
         if not 0 <= prior <= 1 or prior_tests <= 0 or half_life <= 0 or window < 1 or not 1 <= probe <= refresh:
             raise ValueError(f"AutoK needs 0 <= prior <= 1, prior_tests, half_life, window > 0 and 1 <= probe <= "
                              f"refresh; got {prior}, {prior_tests}, {half_life}, {window}, {probe}, {refresh}")
@@ -148,6 +145,18 @@ class AutoK:
             self._median[k] = median(self._times[k])
             self.V = self._step_times()
 
+    def set_seed(self, V: Sequence[float]) -> None:
+        """Seed the step times V(0..max_k) before any round is timed (a warm start, `engine.warm_start`)."""
+        if any(self.timed):
+            raise ValueError(f"set_seed seeds a policy before its rounds; this one has timed {sum(self.timed)} "
+                             f"(pass the seed to a new AutoK(max_k, V=...))")
+        self.seed = _checked_seed(V, self.max_k)
+        self.V = self._step_times()
+
+    def measured(self) -> dict[int, float]:
+        """{k: the median seconds of the timed rounds that drafted k}, only the k timed so far."""
+        return {k: m for k, m in enumerate(self._median) if m is not None}
+
     def _step_times(self) -> list | None:
         """V(0..max_k): measured medians where timed, the scaled seed or the line elsewhere."""
         timed = [(k, m) for k, m in enumerate(self._median) if m is not None]
@@ -177,6 +186,13 @@ class AutoK:
             "timed_rounds": list(self.timed),
             "seeded": self.seed is not None,
         }
+
+
+def _checked_seed(V: Sequence[float], max_k: int) -> list[float]:
+    V = list(V)
+    if len(V) != max_k + 1 or not all(math.isfinite(v) and v > 0 for v in V):
+        raise ValueError(f"V must give max_k + 1 = {max_k + 1} finite step times > 0 (V(0..max_k)), got {V!r}")
+    return V
 
 
 def make_policy(k: int | str | AutoK, max_k: int = 8, step_times: Sequence[float] | None = None) -> FixedK | AutoK:
