@@ -71,6 +71,7 @@ _SIGNATURES = {  # name: (library, result type, argument types), as declared in 
     "ggml_new_tensor_3d": ("base", _P, [_P, _INT, _I64, _I64, _I64]),
     "ggml_get_data": ("base", _P, [_P]),
     "ggml_nbytes": ("base", _SZ, [_P]),
+    "ggml_mul_mat": ("base", _P, [_P, _P, _P]),
     "ggml_mul_mat_id": ("base", _P, [_P, _P, _P, _P]),
     "ggml_swiglu_split": ("base", _P, [_P, _P, _P]),
     "ggml_mul": ("base", _P, [_P, _P, _P]),

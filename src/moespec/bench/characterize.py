@@ -10,7 +10,7 @@ with its margin (19), and the crossover, which `moespec_auto` reads from the art
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -177,6 +177,9 @@ def characterize(
                 experts.close()
             del experts
     payload = summarize(records, trace, layer_ids, n_values)
+    if target.get("experts") == "llama.cpp":  # a GGUF file: its dense products too, for the calibrated g(n)
+        payload["dense"] = dense_times(label, n_values, target["options"]["threads"], warmup=warmup, flush=flusher,
+                                       seed=seed)
     payload.update(
         model=label,
         provenance=provenance,
@@ -190,6 +193,30 @@ def characterize(
     if out is not None:
         artifacts.write(out, KIND, payload)
     return payload
+
+
+DENSE_REPS = 15  # timed computes of the dense products per pass size
+
+
+def dense_times(path: str, ns: Sequence[int], threads: int, *, reps: int = DENSE_REPS, warmup: int = 1,
+                flush: Callable[[], None] | None = None, seed: int = 0) -> dict:
+    """D(n), the time of a GGUF file's dense products at n rows (`backends.ggml_dense_op`), for each
+    n of `ns`: `reps` rounds over every n, each round in a fresh seeded order (drift falls on every n
+    alike), `flush` before every compute; medians and every sample, in seconds."""
+    from moespec.backends.ggml_dense_op import DenseOps
+
+    samples: dict[int, list[float]] = {n: [] for n in ns}
+    rng = np.random.default_rng(seed)
+    with DenseOps(path, threads=threads) as ops:
+        for n in ns:  # each graph's first compute (allocation, first touch) is not timed
+            ops.time(n, reps=1, warmup=warmup)
+        for _ in range(reps):
+            for n in rng.permutation(list(ns)):
+                samples[int(n)] += ops.time(int(n), reps=1, warmup=0, flush=flush)
+        names, nbytes = list(ops.names), ops.nbytes
+    return {"tensors": names, "bytes": nbytes, "threads": threads,
+            "median": {str(n): float(np.median(v)) for n, v in samples.items()},
+            "samples": {str(n): v for n, v in samples.items()}}
 
 
 class _progress_bar:

@@ -173,15 +173,22 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
     return out
 
 
-def _outside(base: Mapping[str, Any], ns: list[int]) -> dict[int, float]:
-    """o(n): over the per-slot verify passes, each pass's time minus its time inside the experts
-    modules, summarized as the verify times are (`bench.verify_times.pass_time`)."""
+def _outside(base: Mapping[str, Any], char: Mapping[str, Any], ns: list[int]) -> tuple[dict[int, float], str]:
+    """(o(n), where it comes from): on torch, over the per-slot verify passes, each pass's time minus
+    its time inside the experts modules, summarized as the verify times are
+    (`bench.verify_times.pass_time`), "passes"; on llama.cpp, whose graph has no such split, the
+    characterization's D(n), the file's dense products timed alone (`backends.ggml_dense_op`),
+    "dense-ops": o(n) up to a constant, which g(n) = o(n) − o(1) drops."""
     split = base.get("slot_outside", {})
-    if not set(ns) <= set(split):
-        raise VersionUnavailable(Unavailable.NO_PASS_SPLIT, (
-            f"the base measurement's per-slot passes at depth {base['depth']} hold no time inside their experts "
-            "modules; measure them again with this moespec (`moespec measure` or `moespec demo`)"))
-    return {n: pass_time(split[n]) for n in ns}
+    if set(ns) <= set(split):
+        return {n: pass_time(split[n]) for n in ns}, "passes"
+    dense = (char.get("dense") or {}).get("median", {})
+    if {str(n) for n in ns} <= set(dense):
+        return {n: dense[str(n)] for n in ns}, "dense-ops"
+    raise VersionUnavailable(Unavailable.NO_PASS_SPLIT, (
+        f"the base measurement's per-slot passes at depth {base['depth']} hold no time inside their experts "
+        "modules, and the characterization has no dense products' times D(n) at every n; measure again with "
+        "this moespec (`moespec measure`; on llama.cpp, `moespec characterize` the GGUF file)"))
 
 
 def _between_passes(base: Mapping[str, Any], source: list[int], ns: list[int]) -> dict[str, dict] | None:
@@ -245,7 +252,7 @@ def _predict(char: Mapping[str, Any], trace: RoutingTrace, measurement_base: Map
             ops, on = _fit_times(char, trace, ns), CalibratedOn.PREDICTION
     outside = None
     if version == "calibrated":
-        outside = _outside(base, ns)
+        outside, made_of["calibrated_outside"] = _outside(base, char, ns)
         made_of["calibrated_on"] = on
     try:
         p = predict(t_slot=ops["slot"], t_dedup=ops["dedup"], tau1=base["tau1"], h=base["h"][: ns[-1]],
