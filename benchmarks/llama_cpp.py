@@ -46,8 +46,8 @@ PARTS = ("plain", "scaling", "agreement", "fa-off", "divergence", "head2head")
 GGUF = llama_tools.CACHE / "gguf"
 
 
-def files() -> dict[str, Path]:
-    """Every GGUF file the parts read, exported or quantized once (cached)."""
+def files(only: set[str] | None = None) -> dict[str, Path]:
+    """Every GGUF file the parts read (or those named in `only`), exported or quantized once (cached)."""
     from moespec.backends.llama_lib import quantize
     from moespec.models.gguf import smollm2_path
     from moespec.models.gguf_export import export_gguf
@@ -57,6 +57,9 @@ def files() -> dict[str, Path]:
 
     def made(name: str, make) -> Path:
         path = GGUF / f"{name}.gguf"
+        if only is not None and name not in only and not (name.endswith("-f32") and any(
+                n.startswith(name[:-3]) and n not in out for n in only)):  # an exported file's types need its f32
+            return path
         if not path.exists():
             print(f"making {path}", flush=True)
             make(path)

@@ -213,3 +213,19 @@ def test_the_line_prices_long_drafts_from_the_drafting_rounds():
     V = policy.state()["step_s"]
     # through (2, 2.0) and (4, 2.4), not through plain's (0, 1.0) too, which would price V(8) at 3.9
     assert V[0] == 1.0 and V[6] == pytest.approx(2.8) and V[8] == pytest.approx(3.2)
+
+
+def test_a_remembered_acceptance_starts_the_estimates_and_fades_under_the_calls_own_rounds():
+    V = [1.0, 1.25, 1.5, 1.75, 2.0]
+    assert AutoK(4, V=V).choose() == 1  # α = 1/2 everywhere: E(1)/V(1) = 1.2 beats E(2)/V(2) = 1.17
+    warm = AutoK(4, V=V)
+    warm.set_acceptance([0.95, 0.95])  # positions past the given ones take the deepest given
+    assert warm.alpha[1:] == [0.95] * 4 and warm.choose() == 4  # E(4)/V(4) = 4.52/2 beats E(3)/V(3) = 3.71/1.75
+    for _ in range(6):  # every first draft rejected: two remembered tests against six of this call
+        warm.update(4, 0, 1, None)
+    assert warm.alpha[1] < 0.3 and warm.choose() < 4
+    with pytest.raises(ValueError, match="before its rounds"):
+        warm.set_acceptance([0.5])
+    for bad in ([], [1.2], [0.5, -0.1]):
+        with pytest.raises(ValueError, match=r"\[0, 1\]"):
+            AutoK(4).set_acceptance(bad)

@@ -266,3 +266,26 @@ def test_llama_cpp_caches_are_restored_and_output_is_the_same(gguf_files, store,
     (entry,) = json.loads(store.read_text())["entries"].values()
     assert entry["key"]["target"]["gguf"].endswith("olmoe-q8_0.gguf") and entry["key"]["target"]["threads"] == 1
     assert entry["key"]["target"]["wrapper"] == "ExactPasses" and entry["key"]["draft"]["backend"] == "llama.cpp"
+
+
+def test_the_store_remembers_the_pairs_acceptance_and_the_next_call_starts_there(pair, store, whole_timing):
+    target, _, prompt = pair
+    kw = dict(k="auto", max_k=4, max_new_tokens=NEW, vocab_limit=REAL)
+    first = generate(target, prompt, draft=OracleDraft(0.9, seed=1), **kw)
+    (entry,) = json.loads(store.read_text())["entries"].values()
+    assert entry["acceptance"] == first.stats.policy["acceptance"] and entry["key"]["options"] == {"acceptance": 0.9}
+    fresh = AutoK(4)
+    second = generate(target, prompt, draft=OracleDraft(0.9, seed=2), k=fresh, max_new_tokens=NEW, vocab_limit=REAL)
+    assert _warm(second)["acceptance"] == entry["acceptance"]
+    expect = AutoK(4, V=_warm(second)["V"])
+    expect.set_acceptance(entry["acceptance"])
+    assert second.stats.k_per_round[0] == expect.choose()  # the first round drafts by the remembered α
+    # another oracle acceptance (or another lookup size) is another drafter: its own entry, a miss
+    assert _warm(generate(target, prompt, draft=OracleDraft(0.2, seed=3), **kw))["source"] is None
+    assert len(json.loads(store.read_text())["entries"]) == 2
+    # an entry with acceptances outside [0, 1] is a corrupt store
+    doc = json.loads(store.read_text())
+    next(iter(doc["entries"].values()))["acceptance"] = [1.5]
+    store.write_text(json.dumps(doc))
+    with pytest.warns(UserWarning, match="malformed"):
+        assert _warm(generate(target, prompt, draft=OracleDraft(0.9, seed=4), **kw))["source"] is None

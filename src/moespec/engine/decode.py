@@ -202,6 +202,8 @@ def generate(
                        max_new_tokens=max_new_tokens, key=key, clock=time.perf_counter)
         if warm.V is not None:
             policy.set_seed(warm.V)
+        if warm.acceptance is not None:
+            policy.set_acceptance(warm.acceptance)
         verify_s += warm.seconds - warm.draft_s  # the lookup and the target's passes, as the prefill
         draft_s += warm.draft_s
     while L - P < max_new_tokens:
@@ -258,7 +260,7 @@ def generate(
         if stop == "eos":
             break
     if warm is not None:
-        remember(warm, policy.measured())
+        remember(warm, policy.measured(), policy.state()["acceptance"] if any(policy.tests) else None)
     synchronize(device)
     total = time.perf_counter() - t_start
     state = policy.state()

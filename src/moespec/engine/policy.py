@@ -18,7 +18,9 @@ AutoK's estimates and rules (every rule is deterministic, so a run can be repeat
   text is followed within tens of rounds. Then α_i = (s_i + 2 α_{i-1}) / (n_i + 2) with α_0 = 1/2:
   the prior of a position is the estimate before it, worth two tests (Laplace's rule at the first
   round), so a position never tested equals the deepest tested one, and one with few recent tests
-  (stale, or reached rarely) leans on it instead of freezing an old value.
+  (stale, or reached rarely) leans on it instead of freezing an old value. A warm start
+  (`set_acceptance`) puts the α_i earlier calls of the same pair ended with in as prior_tests tests
+  per position, decaying like the rest.
 - V(k): the median of the last `window` (9) timed rounds that drafted k, robust to a stray slow
   round. The first round that drafts k is a warm-up and not timed (the first pass of a size
   allocates and warms caches; one slow time would make k look bad, and it would never be drafted
@@ -152,6 +154,19 @@ class AutoK:
                              f"(pass the seed to a new AutoK(max_k, V=...))")
         self.seed = _checked_seed(V, self.max_k)
         self.V = self._step_times()
+
+    def set_acceptance(self, alpha: Sequence[float]) -> None:
+        """Start from acceptances α_1..α_max_k remembered from earlier calls (a warm start,
+        `engine.warm_start`): each position gets them as `prior_tests` tests, which decay as any test
+        does, so this call's own rounds outweigh them within a few drafting rounds. Before any round."""
+        if any(self.tests[1:]) or any(self.timed):
+            raise ValueError("set_acceptance starts a policy before its rounds; this one has run some")
+        alpha = [float(a) for a in alpha][: self.max_k]
+        if not alpha or not all(0 <= a <= 1 for a in alpha):
+            raise ValueError(f"alpha must give acceptances in [0, 1] for positions 1.., got {alpha!r}")
+        alpha += [alpha[-1]] * (self.max_k - len(alpha))  # a deeper position: the deepest given
+        for i, a in enumerate(alpha, start=1):
+            self._s[i], self._n[i], self.alpha[i] = a * self.prior_tests, self.prior_tests, a
 
     def measured(self) -> dict[int, float]:
         """{k: the median seconds of the timed rounds that drafted k}, only the k timed so far."""

@@ -20,7 +20,10 @@ again. `prepare` gives it a seed right after the prefill, in one of two ways:
   the draft's and the machine's identity (`run_key`). A call with an entry seeds from it and times
   nothing; a call without one decodes cold (no timing: measured side by side, a timing inside a
   96-token call cost more than its seed saved, benchmarks/auto_k_warm.py), and every call writes
-  its medians back, so only the first call of a model on a machine learns from nothing.
+  its medians back, so only the first call of a model on a machine learns from nothing. The entry
+  also keeps the acceptance by position α_1..α_max_k the last call with drafting rounds ended with;
+  the next call starts its estimates there (`AutoK.set_acceptance`: worth two tests per position,
+  decaying as its own), so a pair whose drafts are good drafts long from the first round.
 
 Keys: a transformers model by `provenance.model_fingerprint` (config and weights, taken once per
 loaded module), dtype, device, experts implementation, linear-layer classes and torch's threads; a
@@ -83,11 +86,13 @@ class WarmStart:
     pass_s: dict[int, float] = field(default_factory=dict)  # τ(n) of each timed size n
     draft_step_s: float | None = None  # δ, one draft step (0 without a proposer model)
     key: dict | None = None  # the store's key (None: no store for this call)
+    acceptance: tuple[float, ...] | None = None  # α_1.. remembered by the store's entry
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["pass_s"] = {str(n): s for n, s in self.pass_s.items()}
         d["V"] = None if self.V is None else list(self.V)
+        d["acceptance"] = None if self.acceptance is None else list(self.acceptance)
         d.pop("key")
         return d
 
@@ -268,14 +273,22 @@ def model_key(model) -> dict | None:
     return None
 
 
+def proposer_options(proposer) -> dict:
+    """What sets a model-free proposer's drafts, so its remembered acceptance is its own: prompt
+    lookup's n-gram size, the oracle's acceptance."""
+    return {name: getattr(proposer, attr) for name, attr in (("n", "n"), ("acceptance", "a")) if hasattr(proposer, attr)
+            and getattr(proposer, "cache", None) is None}
+
+
 def run_key(target, proposer) -> dict | None:
-    """The store's key of a call: the target's, the proposer's (its kind and model) and the machine's
-    identity; None when a model has no key."""
+    """The store's key of a call: the target's, the proposer's (its kind, model or options) and the
+    machine's identity; None when a model has no key."""
     draft = getattr(proposer, "cache", None)
     keys = {"target": model_key(target), "draft": None if draft is None else model_key(draft)}
     if keys["target"] is None or (draft is not None and keys["draft"] is None):
         return None
-    return json.loads(json.dumps({**keys, "proposer": type(proposer).__name__, "machine": machine_key()}))
+    return json.loads(json.dumps({**keys, "proposer": type(proposer).__name__, "options": proposer_options(proposer),
+                                  "machine": machine_key()}))
 
 
 def store_path() -> Path | None:
@@ -294,6 +307,11 @@ def _seconds(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
+def _acceptances(x) -> bool:
+    return x is None or (isinstance(x, list) and len(x) > 0 and all(
+        isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in x))
+
+
 def _entries(doc) -> dict:
     """The entries of a parsed store; ValueError naming what is off when this version did not write it."""
     if not isinstance(doc, dict) or doc.get("version") != STORE_VERSION or not isinstance(doc.get("entries"), dict):
@@ -301,7 +319,8 @@ def _entries(doc) -> dict:
     for name, e in doc["entries"].items():
         if not (isinstance(e, dict) and isinstance(e.get("key"), dict) and _seconds(e.get("written"))
                 and isinstance(e.get("measured"), dict)
-                and all(k.isdigit() and _seconds(s) for k, s in e["measured"].items())):
+                and all(k.isdigit() and _seconds(s) for k, s in e["measured"].items())
+                and _acceptances(e.get("acceptance"))):
             raise ValueError(f"entry {name} is malformed")
     return doc["entries"]
 
@@ -332,9 +351,11 @@ def prepare(mode: str, *, target, proposer, context: torch.Tensor, max_k: int, m
     if mode == "store":  # an entry seeds; a miss, or no store, decodes cold and its rounds fill the entry
         path = store_path() if key is not None else None
         entry = read_store(path).get(_digest(key)) if path is not None else None
-        V = seed_from_entry(entry, max_k) if entry is not None and entry["key"] == key else None
+        hit = entry is not None and entry["key"] == key
+        V = seed_from_entry(entry, max_k) if hit else None
+        alpha = tuple(entry["acceptance"]) if hit and V is not None and entry.get("acceptance") else None
         return WarmStart(mode, None if V is None else "store", None if V is None else tuple(V), clock() - t0,
-                         key=key if path is not None else None)
+                         key=key if path is not None else None, acceptance=alpha)
     tau, delta, target_s, draft_s = time_passes(target, getattr(proposer, "cache", None), context, max_k,
                                                 max_new_tokens, clock=clock, budget_s=budget_s, share=share)
     V = None if delta is None else seed_from_passes(tau, delta, max_k)
@@ -342,9 +363,10 @@ def prepare(mode: str, *, target, proposer, context: torch.Tensor, max_k: int, m
                      target_s, draft_s, tau, delta)
 
 
-def remember(warm: WarmStart, measured: dict[int, float]) -> None:
-    """Write a call's medians ({k: seconds}, `AutoK.measured`) into the store entry of `warm.key`,
-    atomically; a store that cannot be written warns and decoding goes on."""
+def remember(warm: WarmStart, measured: dict[int, float], acceptance: list[float] | None = None) -> None:
+    """Write a call's medians ({k: seconds}, `AutoK.measured`) and, when it drafted, its acceptance
+    by position α_1.. into the store entry of `warm.key`, atomically; a store that cannot be written
+    warns and decoding goes on."""
     path = store_path()
     if warm.key is None or path is None or not measured:
         return
@@ -353,6 +375,8 @@ def remember(warm: WarmStart, measured: dict[int, float]) -> None:
     if entry is None or entry["key"] != warm.key:
         entry = {"key": warm.key, "measured": {}}
     entry["measured"].update({str(k): float(s) for k, s in measured.items()})
+    if acceptance:
+        entry["acceptance"] = [float(a) for a in acceptance]
     entry["written"] = time.time()
     entries[name] = entry
     kept = sorted(entries, key=lambda n: entries[n]["written"], reverse=True)[:MAX_ENTRIES]
