@@ -10,8 +10,8 @@ median):
 - plain (k = 0) and each fixed k of --ks, the best of them in hindsight;
 - auto cold: k="auto" without a warm start (warm_start=False): a fresh AutoK opens and learns;
 - auto timed: a fresh AutoK seeded by the call's own timing of pass sizes (warm_start="timed");
-- auto store (the default): a fresh AutoK seeded from the store (warm_start="store") as one
-  earlier call of the same case left it (that first call, a miss, decoded cold): the store file (a temporary one, never the user's) is reset to that state
+- auto store (the default): a fresh AutoK seeded from the store (warm_start="store": step times
+  and the pair's acceptance by position) as one earlier call of the same case left it (that first call, a miss, decoded cold): the store file (a temporary one, never the user's) is reset to that state
   after each call, so every repetition is a second call (the reset, a 2 KB write, is inside the
   timed interval). The model's fingerprint, which a new process takes once per loaded model
   before its first lookup, is timed apart (`fingerprint_s`).

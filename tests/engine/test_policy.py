@@ -229,3 +229,17 @@ def test_a_remembered_acceptance_starts_the_estimates_and_fades_under_the_calls_
     for bad in ([], [1.2], [0.5, -0.1]):
         with pytest.raises(ValueError, match=r"\[0, 1\]"):
             AutoK(4).set_acceptance(bad)
+
+
+def test_a_seed_of_stored_times_is_scaled_only_by_its_measured_k():
+    shape = AutoK(2, V=[1.0, 2.0, 2.0])
+    stored = AutoK(2)
+    stored.set_seed([1.0, 2.0, 2.0], anchors=[0, 1])  # V(2) was filled in, not measured
+    for policy in (shape, stored):
+        policy.update(2, 2, 2, 9.0)  # the warm-up round of k = 2, not timed
+        policy.update(2, 2, 2, 4.0)  # k = 2 takes twice its seed value
+    assert shape.V == [2.0, 4.0, 4.0]  # a prediction's shape: every untimed k scales with it
+    assert stored.V == [1.0, 2.0, 4.0]  # measured times stay; the filled-in one is replaced
+    stored.update(0, 0, 0, 9.0)
+    stored.update(0, 0, 0, 1.5)  # an anchor timed: it sets the scale of the untimed anchors
+    assert stored.V == [1.5, 3.0, 4.0]

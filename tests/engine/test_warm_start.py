@@ -65,6 +65,12 @@ def test_pass_sizes_are_timed_ends_first_and_seeds_interpolate():
     assert warm_start.seed_from_passes({1: 1.0}, 0.5, 3) is None
     # a store entry: its medians, linear between them and beyond; plain decoding's and a k >= 1 are needed
     assert warm_start.seed_from_entry({"measured": {"0": 1.0, "3": 4.0}}, 4) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    # a k timed in fewer than MIN_ROUNDS rounds over the calls is left to the points around it
+    entry = {"measured": {"0": 1.0, "1": 1.5, "2": 9.0, "3": 2.0}, "rounds": {"0": 1, "1": 5, "2": 1, "3": 4}}
+    assert warm_start.seed_from_entry(entry, 4) == [1.0, 1.5, 1.75, 2.0, 2.25]
+    # below the smallest drafting point, the line through the two smallest, not the one from plain's
+    assert warm_start.seed_from_entry({"measured": {"0": 1.0, "3": 4.0, "5": 5.0}}, 6) == [1.0, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5]
+    assert warm_start.seed_from_entry({"measured": {"0": 1.0, "4": 2.0, "5": 4.0}}, 5)[1:4] == [1.0, 1.0, 1.0]  # >= V(0)
     assert warm_start.seed_from_entry({"measured": {"0": 1.0, "1": 1.5, "3": 2.0}}, 4) == [1.0, 1.5, 1.75, 2.0, 2.25]
     assert warm_start.seed_from_entry({"measured": {"0": 1.0}}, 4) is None
     assert warm_start.seed_from_entry({"measured": {"1": 1.0, "3": 4.0}}, 4) is None
@@ -173,7 +179,8 @@ def test_the_store_seeds_the_next_call_of_the_same_models(pair, store, whole_tim
     assert second.tokens == first.tokens == expected
     assert _warm(second)["source"] == "store" and _warm(second)["pass_s"] == {} and second.stats.policy["seeded"]
     assert _warm(second)["V"] == warm_start.seed_from_entry(entry, 4)
-    assert [_warm(second)["V"][k] for k in measured] == [measured[k] for k in measured]
+    steady = [k for k in measured if k == 0 or entry["rounds"][str(k)] >= warm_start.MIN_ROUNDS]
+    assert [_warm(second)["V"][k] for k in steady] == [measured[k] for k in steady]
     # the oracle (another proposer) misses; "timed" times and writes nothing
     third = generate(target, prompt, draft=OracleDraft(0.8), k="auto", max_k=4, max_new_tokens=NEW, vocab_limit=REAL)
     fourth = generate(target, prompt, draft=draft, k="auto", max_k=4, max_new_tokens=NEW, vocab_limit=REAL,
@@ -289,3 +296,16 @@ def test_the_store_remembers_the_pairs_acceptance_and_the_next_call_starts_there
     store.write_text(json.dumps(doc))
     with pytest.warns(UserWarning, match="malformed"):
         assert _warm(generate(target, prompt, draft=OracleDraft(0.9, seed=4), **kw))["source"] is None
+
+
+def test_a_call_averages_its_times_into_the_entry_by_rounds(store):
+    warm = warm_start.WarmStart("store", None, None, 0.0, key={"model": "m"})
+    warm_start.remember(warm, {0: 1.0, 2: 4.0}, [0.5, 0.4], {0: 3, 2: 1})
+    warm_start.remember(warm, {0: 2.0, 4: 6.0}, None, {0: 1, 4: 5})
+    (entry,) = warm_start.read_store(store).values()
+    assert entry["measured"] == {"0": 1.25, "2": 4.0, "4": 6.0} and entry["rounds"] == {"0": 4, "2": 1, "4": 5}
+    assert entry["acceptance"] == [0.5, 0.4]  # a call that drafted nothing keeps the last acceptance
+    for _ in range(100):  # the stored time stands for at most MAX_WEIGHT rounds: a new machine state shows
+        warm_start.remember(warm, {0: 3.0}, None, {0: 1})
+    (entry,) = warm_start.read_store(store).values()
+    assert abs(entry["measured"]["0"] - 3.0) < 0.1

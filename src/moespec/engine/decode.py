@@ -201,7 +201,7 @@ def generate(
         warm = prepare(mode, target=tgt, proposer=proposer, context=prompt, max_k=policy.max_k,
                        max_new_tokens=max_new_tokens, key=key, clock=time.perf_counter)
         if warm.V is not None:
-            policy.set_seed(warm.V)
+            policy.set_seed(warm.V, warm.anchors)
         if warm.acceptance is not None:
             policy.set_acceptance(warm.acceptance)
         verify_s += warm.seconds - warm.draft_s  # the lookup and the target's passes, as the prefill
@@ -260,7 +260,8 @@ def generate(
         if stop == "eos":
             break
     if warm is not None:
-        remember(warm, policy.measured(), policy.state()["acceptance"] if any(policy.tests) else None)
+        remember(warm, policy.measured(), policy.state()["acceptance"] if any(policy.tests) else None,
+                 dict(enumerate(policy.timed)))
     synchronize(device)
     total = time.perf_counter() - t_start
     state = policy.state()

@@ -26,7 +26,8 @@ AutoK's estimates and rules (every rule is deterministic, so a run can be repeat
   allocates and warms caches; one slow time would make k look bad, and it would never be drafted
   again to correct it). A k never timed takes, given a seed V (e.g. a prediction artifact's step times), the seed
   times the median ratio measured/seed over the timed k (the seed gives the shape, the rounds the
-  scale); without a seed, the least-squares line in k through the timed medians of the drafting
+  scale; a seed of stored times names its measured k, `anchors`, and only those set the scale);
+  without a seed, the least-squares line in k through the timed medians of the drafting
   rounds (through plain's too while fewer than two k >= 1 are timed: a one-token pass is another
   regime, and the jump from it to a two-token pass would steepen the line and overprice long drafts),
   never below the fastest of them. Without a seed, an opening times one round at k_open = ceil(max_k / 2) and one
@@ -85,6 +86,7 @@ class AutoK:
             raise ValueError(f"AutoK needs 0 <= prior <= 1, prior_tests, half_life, window > 0 and 1 <= probe <= "
                              f"refresh; got {prior}, {prior_tests}, {half_life}, {window}, {probe}, {refresh}")
         self.max_k, self.seed, self.prior, self.prior_tests = max_k, V, prior, prior_tests
+        self.anchors: frozenset[int] | None = None  # the seed's measured k (`set_seed`); None: all give the shape
         self.decay = 2 ** (-1 / half_life)
         self.refresh, self.probe = refresh, probe
         self._wait = probe  # plain rounds before the next probe while the choice is 0
@@ -147,12 +149,16 @@ class AutoK:
             self._median[k] = median(self._times[k])
             self.V = self._step_times()
 
-    def set_seed(self, V: Sequence[float]) -> None:
-        """Seed the step times V(0..max_k) before any round is timed (a warm start, `engine.warm_start`)."""
+    def set_seed(self, V: Sequence[float], anchors: Sequence[int] | None = None) -> None:
+        """Seed the step times V(0..max_k) before any round is timed (a warm start, `engine.warm_start`).
+        anchors: the k whose seed values are times measured on this machine (the rest filled in
+        between them); only those set the scale of the untimed k (none timed yet: scale 1). None:
+        every k's value gives the shape, as a prediction's do."""
         if any(self.timed):
             raise ValueError(f"set_seed seeds a policy before its rounds; this one has timed {sum(self.timed)} "
                              f"(pass the seed to a new AutoK(max_k, V=...))")
         self.seed = _checked_seed(V, self.max_k)
+        self.anchors = None if anchors is None else frozenset(anchors)
         self.V = self._step_times()
 
     def set_acceptance(self, alpha: Sequence[float]) -> None:
@@ -178,7 +184,8 @@ class AutoK:
         if self.seed is not None:
             if not timed:
                 return list(self.seed)
-            scale = median(m / self.seed[k] for k, m in timed)
+            scaled = [m / self.seed[k] for k, m in timed if self.anchors is None or k in self.anchors]
+            scale = median(scaled) if scaled else 1.0
             return [self.seed[k] * scale if m is None else m for k, m in enumerate(self._median)]
         if self._median[0] is None or len(timed) < 2:
             return None

@@ -19,8 +19,8 @@ again. `prepare` gives it a seed right after the prefill, in one of two ways:
   (`AutoK.measured`), in `step-times.json` under the user's cache folder, keyed by the target's,
   the draft's and the machine's identity (`run_key`). A call with an entry seeds from it and times
   nothing; a call without one decodes cold (no timing: measured side by side, a timing inside a
-  96-token call cost more than its seed saved, benchmarks/auto_k_warm.py), and every call writes
-  its medians back, so only the first call of a model on a machine learns from nothing. The entry
+  96-token call cost more than its seed saved, benchmarks/auto_k_warm.py), and every call averages
+  its medians in (`remember`), so only the first call of a model on a machine learns from nothing. The entry
   also keeps the acceptance by position α_1..α_max_k the last call with drafting rounds ended with;
   the next call starts its estimates there (`AutoK.set_acceptance`: worth two tests per position,
   decaying as its own), so a pair whose drafts are good drafts long from the first round.
@@ -68,6 +68,8 @@ SUSPECT = 1.5  # a pass slower than its prediction by this factor is timed once 
 DRAFT_PASSES = 3  # timed one-token passes of a proposer's model (after a warm-up)
 STORE_VERSION = 1
 MAX_ENTRIES = 64  # keys kept in the store; the least recently written go first
+MIN_ROUNDS = 3  # timed rounds of a k, over the calls, before its stored time seeds V(k)
+MAX_WEIGHT = 32  # the most rounds a stored time stands for when a call's rounds are averaged in
 HEAD_BYTES = 64 * 1024  # bytes of a GGUF file hashed into its key
 MODES = ("store", "timed")
 
@@ -87,12 +89,14 @@ class WarmStart:
     draft_step_s: float | None = None  # δ, one draft step (0 without a proposer model)
     key: dict | None = None  # the store's key (None: no store for this call)
     acceptance: tuple[float, ...] | None = None  # α_1.. remembered by the store's entry
+    anchors: tuple[int, ...] | None = None  # the k of V measured (a store's points); None: all
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["pass_s"] = {str(n): s for n, s in self.pass_s.items()}
         d["V"] = None if self.V is None else list(self.V)
         d["acceptance"] = None if self.acceptance is None else list(self.acceptance)
+        d["anchors"] = None if self.anchors is None else list(self.anchors)
         d.pop("key")
         return d
 
@@ -217,13 +221,38 @@ def seed_from_passes(tau: dict[int, float], delta: float, max_k: int) -> list[fl
     return [interpolate(capped, k + 1) + k * delta for k in range(max_k + 1)]
 
 
-def seed_from_entry(entry: dict, max_k: int) -> list[float] | None:
-    """V(0..max_k) from a store entry: its medians, `interpolate`d in k between them (beyond the
-    largest, the line through the last two); None unless they include plain decoding's and a k >= 1."""
+def entry_points(entry: dict, max_k: int) -> dict[int, float]:
+    """The k whose stored times seed V(k): plain decoding and each k >= 1 timed in at least
+    MIN_ROUNDS rounds over the calls (all its k when none is). A k timed once or twice is left to the
+    points around it: one slow round must not price it out of every later call, which would then
+    never draft it nor correct it."""
     measured = {int(k): s for k, s in entry["measured"].items() if int(k) <= max_k}
-    if 0 not in measured or len(measured) < 2:
+    rounds = {int(k): r for k, r in entry.get("rounds", {}).items()}
+    steady = {k: s for k, s in measured.items() if k == 0 or rounds.get(k, MIN_ROUNDS) >= MIN_ROUNDS}
+    return steady if len(steady) >= 2 else measured
+
+
+def seed_from_entry(entry: dict, max_k: int) -> list[float] | None:
+    """V(0..max_k) from a store entry's `entry_points`; None unless they hold plain decoding's and a
+    k >= 1's. V(0) is plain decoding's. For k >= 1, with two or more drafting points: `interpolate`d
+    between them, beyond the largest the line through the two largest, below the smallest the line
+    through the two smallest (kept between V(0) and the smallest's time); with one drafting point,
+    the line through it and plain decoding's. A one-token pass is another regime: a line from plain
+    decoding's spreads the jump to two tokens over every k and underprices short drafts, so it is
+    used only when no second drafting point gives the slope (the rule `AutoK`'s own line follows).
+    (A flat value beyond the largest, to get longer drafts tried, was measured to lose: at low
+    acceptance the policy's probes then draft max_k at its full price, benchmarks/auto_k_warm.py.)"""
+    measured = entry_points(entry, max_k)
+    drafting = {k: s for k, s in measured.items() if k >= 1}
+    if 0 not in measured or not drafting:
         return None
-    return [interpolate(measured, k) for k in range(max_k + 1)]
+    if len(drafting) == 1:
+        return [interpolate(measured, k) for k in range(max_k + 1)]
+    (k0, t0), (k1, t1) = sorted(drafting.items())[:2]
+
+    def below(k: int) -> float:
+        return min(max(t0 + (t1 - t0) / (k1 - k0) * (k - k0), measured[0]), t0)
+    return [measured[0]] + [interpolate(drafting, k) if k >= k0 else below(k) for k in range(1, max_k + 1)]
 
 
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> model_fingerprint
@@ -320,7 +349,8 @@ def _entries(doc) -> dict:
         if not (isinstance(e, dict) and isinstance(e.get("key"), dict) and _seconds(e.get("written"))
                 and isinstance(e.get("measured"), dict)
                 and all(k.isdigit() and _seconds(s) for k, s in e["measured"].items())
-                and _acceptances(e.get("acceptance"))):
+                and _acceptances(e.get("acceptance"))
+                and all(k.isdigit() and isinstance(r, int) and r >= 1 for k, r in e.get("rounds", {}).items())):
             raise ValueError(f"entry {name} is malformed")
     return doc["entries"]
 
@@ -354,8 +384,9 @@ def prepare(mode: str, *, target, proposer, context: torch.Tensor, max_k: int, m
         hit = entry is not None and entry["key"] == key
         V = seed_from_entry(entry, max_k) if hit else None
         alpha = tuple(entry["acceptance"]) if hit and V is not None and entry.get("acceptance") else None
+        anchors = tuple(sorted(entry_points(entry, max_k))) if V is not None else None
         return WarmStart(mode, None if V is None else "store", None if V is None else tuple(V), clock() - t0,
-                         key=key if path is not None else None, acceptance=alpha)
+                         key=key if path is not None else None, acceptance=alpha, anchors=anchors)
     tau, delta, target_s, draft_s = time_passes(target, getattr(proposer, "cache", None), context, max_k,
                                                 max_new_tokens, clock=clock, budget_s=budget_s, share=share)
     V = None if delta is None else seed_from_passes(tau, delta, max_k)
@@ -363,10 +394,13 @@ def prepare(mode: str, *, target, proposer, context: torch.Tensor, max_k: int, m
                      target_s, draft_s, tau, delta)
 
 
-def remember(warm: WarmStart, measured: dict[int, float], acceptance: list[float] | None = None) -> None:
-    """Write a call's medians ({k: seconds}, `AutoK.measured`) and, when it drafted, its acceptance
-    by position α_1.. into the store entry of `warm.key`, atomically; a store that cannot be written
-    warns and decoding goes on."""
+def remember(warm: WarmStart, measured: dict[int, float], acceptance: list[float] | None = None,
+             rounds: dict[int, int] | None = None) -> None:
+    """Write a call's medians ({k: seconds}, `AutoK.measured`, from `rounds[k]` timed rounds each)
+    and, when it drafted, its acceptance by position α_1.. into the store entry of `warm.key`,
+    atomically: a k's stored time becomes the mean of the stored one and the call's, weighted by
+    their rounds (the stored ones counting at most MAX_WEIGHT, so a changed machine state is
+    followed). A store that cannot be written warns and decoding goes on."""
     path = store_path()
     if warm.key is None or path is None or not measured:
         return
@@ -374,7 +408,12 @@ def remember(warm: WarmStart, measured: dict[int, float], acceptance: list[float
     entry = entries.get(name)
     if entry is None or entry["key"] != warm.key:
         entry = {"key": warm.key, "measured": {}}
-    entry["measured"].update({str(k): float(s) for k, s in measured.items()})
+    stored, counts = entry["measured"], entry.setdefault("rounds", {})
+    for k, s in measured.items():
+        new = max(1, (rounds or {}).get(k, 1))
+        old = min(counts.get(str(k), MIN_ROUNDS if str(k) in stored else 0), MAX_WEIGHT)
+        stored[str(k)] = (stored.get(str(k), 0.0) * old + float(s) * new) / (old + new)
+        counts[str(k)] = old + new
     if acceptance:
         entry["acceptance"] = [float(a) for a in acceptance]
     entry["written"] = time.time()
