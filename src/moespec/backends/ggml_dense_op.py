@@ -19,17 +19,15 @@ products at n rows, gives g(n) = D(n) − D(1) (`bench.prediction`).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Self
 
 import numpy as np
 
 from moespec.backends import llama_lib
-from moespec.backends.ggml_expert_op import GGML_TYPE_F32, _context, _gguf_reader, ggml
+from moespec.backends.ggml_expert_op import GGML_TYPE_F32, GraphOwner, _context, _gguf_reader, ggml
 from moespec.bench.timing import measure
 
 BLOCK_WEIGHT = re.compile(r"blk\.\d+\.[A-Za-z0-9_]+\.weight")
@@ -46,7 +44,7 @@ def dense_tensors(reader) -> list:
     return picked + [head]
 
 
-class DenseOps:
+class DenseOps(GraphOwner):
     """The dense products of a GGUF file on ggml-cpu, with explicit lifetime (`close()`, or use as a
     context manager). names: the tensors, in order; nbytes: their bytes in the file's own types."""
 
@@ -93,25 +91,6 @@ class DenseOps:
         graph = self._graph(n)
         graph.fill(0)
         return list(measure(graph.compute, reps=reps, warmup=warmup, flush=flush, device="cpu").samples)
-
-    def close(self) -> None:
-        """Free the graphs and the weights (idempotent)."""
-        for graph in self._graphs.values():
-            graph.close()
-        self._graphs = {}
-        if self._ctx:
-            self._g.ggml_free(self._ctx)
-            self._ctx = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
 
     def __repr__(self) -> str:
         return f"DenseOps({self.path.name!r}, {len(self.names)} tensors, {self.nbytes / 2**20:.1f} MiB, threads={self.threads})"

@@ -215,7 +215,34 @@ def _meta(reader, key: str, path: Path):
     return field.contents()
 
 
-class ExpertLayer:
+class GraphOwner:
+    """Weights in one ggml context (`_ctx`, of the bindings `_g`) and the graphs built on them
+    (`_graphs`, each with a close()), freed together: close(), or use as a context manager."""
+
+    _ctx = None
+    _graphs: dict
+
+    def close(self) -> None:
+        """Free the graphs and the weights (idempotent)."""
+        for graph in self._graphs.values():
+            graph.close()
+        self._graphs = {}
+        if self._ctx:
+            self._g.ggml_free(self._ctx)
+            self._ctx = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown: the bindings may already be gone
+            self.close()
+
+
+class ExpertLayer(GraphOwner):
     """The expert operation of layer `layer` of a GGUF file on ggml-cpu (module docstring), with
     explicit lifetime (`close()`, or use as a context manager).
 
@@ -229,7 +256,7 @@ class ExpertLayer:
             raise ValueError(f"threads must be >= 1, got {threads}; use the thread count the model runs with")
         path = llama_lib.check_gguf(gguf_path)
         self.path, self.layer, self.threads = path, layer, threads
-        self._ctx, self._passes = None, {}
+        self._ctx, self._graphs = None, {}
         reader = _gguf_reader(path)
         arch = _meta(reader, "general.architecture", path)
         blocks = int(_meta(reader, f"{arch}.block_count", path))
@@ -297,9 +324,9 @@ class ExpertLayer:
         if self._ctx is None:
             raise ValueError(f"the ExpertLayer of {self.path} is closed; open a new one")
         key = (n, grouped)
-        if key not in self._passes:
-            self._passes[key] = _Pass(self._g, self._exps, n, self.top_k, self.hidden, self.ffn, grouped, self.threads)
-        return self._passes[key]
+        if key not in self._graphs:
+            self._graphs[key] = _Pass(self._g, self._exps, n, self.top_k, self.hidden, self.ffn, grouped, self.threads)
+        return self._graphs[key]
 
     def run(self, ids, weights=None, x=None, grouped: bool = True) -> np.ndarray:
         """[n, H] f32: the expert operation on ids [n, m], weights [n, m] (default 1/m), x [n, H]
@@ -333,25 +360,6 @@ class ExpertLayer:
             step.compute()
 
         return call
-
-    def close(self) -> None:
-        """Free the graphs and the weights (idempotent)."""
-        for step in self._passes.values():
-            step.close()
-        self._passes = {}
-        if self._ctx:
-            self._g.ggml_free(self._ctx)
-            self._ctx = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown: the bindings may already be gone
-            self.close()
 
     def __repr__(self) -> str:
         return (f"ExpertLayer({self.path.name!r}, layer={self.layer}, N={self.num_experts}, m={self.top_k}, "

@@ -260,7 +260,7 @@ def generate(
         if stop == "eos":
             break
     if warm is not None:
-        remember(warm, policy.measured(), policy.state()["acceptance"] if any(policy.tests) else None,
+        remember(warm, policy.measured(), policy.alpha[1:] if any(policy.tests) else None,
                  dict(enumerate(policy.timed)))
     synchronize(device)
     total = time.perf_counter() - t_start

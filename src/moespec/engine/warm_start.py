@@ -305,8 +305,9 @@ def model_key(model) -> dict | None:
 def proposer_options(proposer) -> dict:
     """What sets a model-free proposer's drafts, so its remembered acceptance is its own: prompt
     lookup's n-gram size, the oracle's acceptance."""
-    return {name: getattr(proposer, attr) for name, attr in (("n", "n"), ("acceptance", "a")) if hasattr(proposer, attr)
-            and getattr(proposer, "cache", None) is None}
+    if getattr(proposer, "cache", None) is not None:  # a draft model: its key says what drafts
+        return {}
+    return {name: getattr(proposer, attr) for name, attr in (("n", "n"), ("acceptance", "a")) if hasattr(proposer, attr)}
 
 
 def run_key(target, proposer) -> dict | None:
