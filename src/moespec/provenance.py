@@ -79,6 +79,25 @@ def model_fingerprint(model) -> str:
     return h.hexdigest()[:_DIGITS]
 
 
+_FILE_SPANS, _FILE_SPAN_BYTES = 64, 1 << 16  # a file's fingerprint reads 64 spans of 64 KiB across it
+
+
+def file_fingerprint(path) -> str:
+    """A short sha256 of a model file's size and of 64 spans of 64 KiB spread over it (its header
+    included): cheap on a multi-GB GGUF file, and any re-export or re-quantization changes it. The one
+    identity of a file, for lineage and for the warm start's store alike."""
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    size = p.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(p, "rb") as f:
+        for i in range(_FILE_SPANS):
+            f.seek(i * max(0, size - _FILE_SPAN_BYTES) // max(1, _FILE_SPANS - 1))
+            h.update(f.read(_FILE_SPAN_BYTES))
+    return h.hexdigest()[:_DIGITS]
+
+
 def trace_fingerprint(trace) -> str:
     """A short sha256 of a RoutingTrace's routing: N, w_l, the layers, every document's ids and weights."""
     h = hashlib.sha256()

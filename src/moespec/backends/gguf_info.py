@@ -6,13 +6,13 @@ of an f32 one; the bytes a pass reads follow the file, not the model it was expo
 
 from __future__ import annotations
 
-import hashlib
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from moespec.provenance import file_fingerprint
+
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-_SAMPLES, _SAMPLE_BYTES = 64, 1 << 16  # the fingerprint reads 64 spans of 64 KiB across the file
 ENGINE = "llama.cpp"  # the "experts" field of the identity: llama.cpp runs its own grouped kernel
 
 
@@ -38,16 +38,8 @@ def field(path: str | Path, key: str, default: Any = None) -> Any:
 
 
 def fingerprint(path: str | Path) -> str:
-    """A short sha256 of the file's size and of 64 spans of 64 KiB spread over it (header included):
-    cheap on a multi-GB file, and any re-export or re-quantization changes it."""
-    p = Path(path).expanduser()
-    size = p.stat().st_size
-    h = hashlib.sha256(str(size).encode())
-    with open(p, "rb") as f:
-        for i in range(_SAMPLES):
-            f.seek(i * max(0, size - _SAMPLE_BYTES) // max(1, _SAMPLES - 1))
-            h.update(f.read(_SAMPLE_BYTES))
-    return h.hexdigest()[:16]
+    """The file's identity (`provenance.file_fingerprint`)."""
+    return file_fingerprint(path)
 
 
 def weight_type(path: str | Path) -> str:
