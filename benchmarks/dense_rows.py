@@ -26,7 +26,7 @@ from rich.table import Table
 
 from moespec import artifacts
 from moespec.bench.timing import CacheFlusher
-from moespec.models.load import load
+from moespec.models import load
 from moespec.moe.experts import find_experts
 
 NS = tuple(range(1, 11))

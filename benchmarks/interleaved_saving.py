@@ -29,7 +29,7 @@ from moespec import artifacts
 from moespec.bench.prompts import prompt_ids
 from moespec.bench.verify import default_flusher, operation_timer, time_passes, verified_routing
 from moespec.kernel_names import DEDUP, SLOT, ENGINE_KERNELS as KERNELS
-from moespec.models.load import load
+from moespec.models import load
 
 DEPTH, NS, PROMPTS = 512, tuple(range(1, 10)), 2
 STRETCHES = ("block before", "with each pass", "block after")

@@ -76,7 +76,7 @@ def files(only: set[str] | None = None) -> dict[str, Path]:
 
 
 def llama(path: Path, **kw):
-    from moespec.models.load import load
+    from moespec.models import load
 
     return load(str(path), backend="llama.cpp", threads=THREADS, **kw)
 
@@ -169,7 +169,7 @@ def generated_text(stdout: str, tok, prompt: list[int]) -> str:
 def part_plain(f: dict, reps: int, setting: str) -> dict:
     """Plain decoding, side by side, repetitions interleaved; under --exact's settings (another process:
     ggml reads GGML_CPU_TILED_MM once) moespec --exact against llama-bench."""
-    from moespec.models.load import load
+    from moespec.models import load
 
     rows = {}
     cases = [("smollm2-q4_1", "smollm2", None), ("olmoe-shaped-f16", "synthetic:olmoe-shaped", "bfloat16"),

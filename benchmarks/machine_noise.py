@@ -34,7 +34,7 @@ from moespec import artifacts
 from moespec.bench.prompts import prompt_ids
 from moespec.bench.verify import default_flusher, time_passes
 from moespec.kernel_names import DEDUP, SLOT, ENGINE_KERNELS as KERNELS
-from moespec.models.load import load
+from moespec.models import load
 
 NS = (1, 5, 9)
 DEPTH = 512

@@ -28,7 +28,7 @@ from moespec import artifacts
 from moespec.bench.verified_text import verified_texts
 from moespec.bench.verify import default_flusher, time_passes
 from moespec.kernel_names import DEDUP, SLOT, ENGINE_KERNELS as KERNELS
-from moespec.models.load import load
+from moespec.models import load
 
 NS = tuple(range(1, 10))
 STRIDE = 2

@@ -51,7 +51,7 @@ def distinct_tokens(model_spec: str, depth: int, prompts: int, length: int = 80)
     """Distinct ids among the first `length` greedy tokens after each built-in prompt cut to `depth`."""
     from moespec.bench.prompts import prompt_ids, vocab_limit
     from moespec.bench.verified_text import greedy_continuation
-    from moespec.models.load import load
+    from moespec.models import load
 
     model, tok = load(model_spec)
     return [len(set(greedy_continuation(model, ids, length, vocab_limit(tok))))

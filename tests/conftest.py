@@ -67,7 +67,7 @@ def smollm2():
     CI installs the package (README's test command), so a missing package fails the tests that need
     it, unless MOESPEC_NO_SMOLLM2=1 says it is absent on purpose."""
     from moespec.models import gguf
-    from moespec.models.load import load
+    from moespec.models import load
 
     if not gguf.smollm2_available():
         if os.environ.get(NO_SMOLLM2) == "1":

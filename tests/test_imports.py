@@ -21,7 +21,7 @@ TORCH_FREE = [
     "moespec.costmodel",
     "moespec.costmodel.bandwidth",
     "moespec.costmodel.settings",
-    "moespec.backends.gguf_info",
+    "moespec.models.gguf_info",
     "moespec.costmodel.bounds",
     "moespec.costmodel.dedup",
     "moespec.costmodel.fit",

@@ -205,7 +205,7 @@ def run_demo(
     def loaded():
         """The model and tokenizer, built on first use only and then shared by every step."""
         if not held:
-            from moespec.models.load import load
+            from moespec.models import load
 
             held.extend(load(str(gguf), backend="llama.cpp", threads=config.threads) if llama else
                         load(config.model, seed=config.seed, layers=config.layers, routing=routing,
@@ -313,7 +313,7 @@ def _trace(net, tok, config: DemoConfig, path: Path) -> None:
 
 def _trace_trained(path: Path) -> None:
     """The routing trained:olmoe chose on the shipped corpus, for the target to replay."""
-    from moespec.models.load import load
+    from moespec.models import load
     from moespec.moe.corpus import default_corpus
     from moespec.moe.routing import record_to_file, tokenize
 

@@ -9,7 +9,7 @@ import torch
 from moespec.backends import llama_lib
 from moespec.backends.exact import ExactPasses, exact_llama_environment
 from moespec.bench.pass_agreement import cuts, pass_sizes, prefill_chunks
-from moespec.models.load import load
+from moespec.models import load
 from moespec.models.train import heldout_slice
 
 SIZES = (1, 2, 3, 5, 9)

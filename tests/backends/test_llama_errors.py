@@ -11,7 +11,7 @@ from moespec.backends import llama_lib
 from moespec.backends.llama_model import LlamaModel
 from moespec.cli.main import app
 from moespec.engine.decode import check_pairing, generate
-from moespec.models.load import load
+from moespec.models import load
 
 runner = CliRunner(env={"COLUMNS": "200"})
 

@@ -20,7 +20,7 @@ import moespec.cli.main  # noqa: F401  (registers the commands)
 from moespec.cli.app import app
 from moespec.bench import gate
 from moespec.engine import sampling
-from moespec.models.load import load
+from moespec.models import load
 
 SMALL = dict(prompts=2, ks=(1, 4, "auto"), max_k=4, samples=1500, greedy_tokens=12, trials=20_000, mock_runs=300)
 

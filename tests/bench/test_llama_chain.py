@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from moespec import artifacts
-from moespec.backends import gguf_info
+from moespec.models import gguf_info
 from moespec.moe.traces import RoutingTrace
 from moespec.pipeline import DemoConfig, run_demo
 from tests.conftest import require_llama

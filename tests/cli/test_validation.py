@@ -24,7 +24,7 @@ def no_work(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("work started before the options were checked")
 
-    monkeypatch.setattr(importlib.import_module("moespec.models.load"), "load", forbidden)  # not the package's `load`
+    monkeypatch.setattr(importlib.import_module("moespec.models.specs"), "load", forbidden)  # not the package's `load`
     monkeypatch.setattr("moespec.cli.characterize.run_characterize", forbidden)
     monkeypatch.setattr("moespec.bench.measure.measure", forbidden)
 

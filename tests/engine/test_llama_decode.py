@@ -7,7 +7,7 @@ import pytest
 from moespec.bench.llama_reference import llama_greedy
 from moespec.engine.decode import generate
 from moespec.engine.proposers import OracleDraft, PromptLookup
-from moespec.models.load import load
+from moespec.models import load
 from moespec.models.train import heldout_slice
 
 NEW = 32

@@ -9,7 +9,7 @@ from moespec.bench.prompts import chat_ids, chat_prompts
 from moespec.engine.decode import generate
 from moespec.bench.gate import run_level3
 from moespec.engine.proposers import PromptLookup
-from moespec.models.load import load
+from moespec.models import load
 
 TOKENS = 32
 

@@ -253,7 +253,7 @@ def test_no_warm_start_for_a_fixed_k_given_step_times_or_a_used_autok(pair, whol
 
 def test_llama_cpp_caches_are_restored_and_output_is_the_same(gguf_files, store, whole_timing):
     require_llama()
-    from moespec.models.load import load
+    from moespec.models import load
 
     def open_(name, **kw):
         return load(str(gguf_files[name]), backend="llama.cpp", threads=1, **kw)[0]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from moespec.models import gguf
-from moespec.models.load import load
+from moespec.models import load
 
 
 def test_smollm2_is_a_float32_llama_with_its_own_chat_tokenizer(smollm2):

@@ -18,7 +18,7 @@ from moespec.backends.llama_tokenizer import LlamaTokenizer
 from moespec.cli.main import app
 from moespec.models import synthetic
 from moespec.models.gguf_export import bytes_to_characters, rotary_pairs, write_model
-from moespec.models.load import load
+from moespec.models import load
 from moespec.models.train import heldout_slice
 from tests.conftest import require_llama
 

@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from moespec.models import trained
-from moespec.models.load import load
+from moespec.models import load
 from moespec.models.train import RECIPES, bits_per_byte, draft_config, heldout_slice, init_from_teacher, train
 
 

@@ -8,7 +8,7 @@ import torch
 
 from moespec.engine.decode import generate
 from moespec.models import trained
-from moespec.models.load import load
+from moespec.models import load
 from moespec.models.train import bits_per_byte, heldout_slice
 
 REAL = 259

@@ -7,7 +7,7 @@ import torch
 
 from moespec.engine.decode import generate
 from moespec.models import synthetic
-from moespec.models.load import load
+from moespec.models import load
 from moespec.moe.replay import RoutingReplay, layer_map, replay_routing
 from moespec.moe.routing import record, experts_modules
 from moespec.moe.traces import RoutingTrace

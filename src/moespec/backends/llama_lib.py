@@ -1,6 +1,6 @@
-"""llama.cpp's C API (llama.h) through llama-cpp-python's low-level bindings: the one place that
-imports them, checks a GGUF file before llama.cpp reads it, and quantizes with llama.cpp's own
-quantizer.
+"""llama.cpp's C API (llama.h) through llama-cpp-python's low-level bindings, and ggml's (ggml.h,
+ggml-cpu.h) through ctypes on the copy of libggml that llama.cpp loaded: the one place that imports
+them, checks a GGUF file before llama.cpp reads it, and quantizes with llama.cpp's own quantizer.
 
 llama.cpp aborts the process on some bad input instead of returning an error, so callers check
 first what it would abort on; a file it refuses to load (not GGUF, cut short, an architecture it
@@ -120,3 +120,83 @@ def quantize(source: str | Path, out: str | Path, kind: str, *, threads: int | N
     if rc != 0:
         raise ValueError(f"llama.cpp could not quantize {source} to {kind} (code {rc}): {last_log()}")
     return Path(out)
+
+
+class InitParams(ctypes.Structure):
+    """struct ggml_init_params (ggml.h)."""
+
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+class CPlan(ctypes.Structure):
+    """struct ggml_cplan (ggml-cpu.h): the work buffer and threads of one graph compute."""
+
+    _fields_ = [("work_size", ctypes.c_size_t), ("work_data", ctypes.c_void_p), ("n_threads", ctypes.c_int),
+                ("threadpool", ctypes.c_void_p), ("abort_callback", ctypes.c_void_p),
+                ("abort_callback_data", ctypes.c_void_p), ("use_ref", ctypes.c_bool)]
+
+
+_P, _I64, _SZ, _INT, _BOOL, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t, ctypes.c_int, ctypes.c_bool, ctypes.c_float
+GGML_SIGNATURES = {  # name: (library, result type, argument types), as declared in ggml.h and ggml-cpu.h
+    "ggml_init": ("base", _P, [InitParams]),
+    "ggml_free": ("base", None, [_P]),
+    "ggml_tensor_overhead": ("base", _SZ, []),
+    "ggml_graph_overhead_custom": ("base", _SZ, [_SZ, _BOOL]),
+    "ggml_type_name": ("base", ctypes.c_char_p, [_INT]),
+    "ggml_get_name": ("base", ctypes.c_char_p, [_P]),
+    "ggml_set_name": ("base", _P, [_P, ctypes.c_char_p]),
+    "ggml_new_tensor_1d": ("base", _P, [_P, _INT, _I64]),
+    "ggml_new_tensor_2d": ("base", _P, [_P, _INT, _I64, _I64]),
+    "ggml_new_tensor_3d": ("base", _P, [_P, _INT, _I64, _I64, _I64]),
+    "ggml_get_data": ("base", _P, [_P]),
+    "ggml_nbytes": ("base", _SZ, [_P]),
+    "ggml_mul_mat": ("base", _P, [_P, _P, _P]),
+    "ggml_mul_mat_id": ("base", _P, [_P, _P, _P, _P]),
+    "ggml_add_id": ("base", _P, [_P, _P, _P, _P]),
+    "ggml_swiglu_split": ("base", _P, [_P, _P, _P]),
+    "ggml_swiglu_oai": ("base", _P, [_P, _P, _P, _F, _F]),
+    "ggml_geglu_split": ("base", _P, [_P, _P, _P]),
+    "ggml_silu": ("base", _P, [_P, _P]),
+    "ggml_mul": ("base", _P, [_P, _P, _P]),
+    "ggml_add": ("base", _P, [_P, _P, _P]),
+    "ggml_cont": ("base", _P, [_P, _P]),
+    "ggml_view_2d": ("base", _P, [_P, _P, _I64, _I64, _SZ, _SZ]),
+    "ggml_view_3d": ("base", _P, [_P, _P, _I64, _I64, _I64, _SZ, _SZ, _SZ]),
+    "ggml_new_graph_custom": ("base", _P, [_P, _SZ, _BOOL]),
+    "ggml_build_forward_expand": ("base", None, [_P, _P]),
+    "ggml_cpu_init": ("cpu", None, []),
+    "ggml_graph_plan": ("cpu", CPlan, [_P, _INT, _P]),
+    "ggml_graph_compute": ("cpu", _INT, [_P, ctypes.POINTER(CPlan)]),
+}
+
+
+def _load_ggml(llama_cpp, stem: str) -> ctypes.CDLL:
+    """The copy of lib{stem} that llama.cpp itself loaded: by its soname first (glibc hands back the
+    loaded object), else from llama-cpp-python's lib folder. Loading `libggml-base.so` by path would
+    map a second copy of ggml (the .so and .so.0 files are copies, not links)."""
+    folder = Path(llama_cpp.__file__).parent / "lib"
+    tried = []
+    for name in (f"lib{stem}.so.0", *(str(folder / f"lib{stem}{ext}") for ext in (".so.0", ".so", ".dylib"))):
+        try:
+            return ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            tried.append(f"{name}: {e}")
+    raise ValueError(f"cannot load ggml's lib{stem} from llama-cpp-python ({'; '.join(tried)}); "
+                     f"reinstall it: {INSTALL_HINT}")
+
+
+@cache
+def ggml():
+    """ggml's functions (a namespace of ctypes functions, `GGML_SIGNATURES`), ggml-cpu initialized once."""
+    llama_cpp = bindings()
+    libs = {"base": _load_ggml(llama_cpp, "ggml-base"), "cpu": _load_ggml(llama_cpp, "ggml-cpu")}
+
+    class Functions:
+        pass
+
+    for name, (lib, restype, argtypes) in GGML_SIGNATURES.items():
+        fn = getattr(libs[lib], name)
+        fn.restype, fn.argtypes = restype, argtypes
+        setattr(Functions, name, staticmethod(fn))
+    Functions.ggml_cpu_init()
+    return Functions

@@ -45,7 +45,7 @@ def points_path(out: str | Path) -> Path:
 def _experts_source(model: Any, dtype, spec: str | None, threads: int | None = None):
     """(getter layer -> experts module, number of MoE layers or None, label, the model's provenance)
     for a spec or a module; `spec` names a module's model in its provenance. A GGUF file gives
-    llama.cpp's own expert operation of each layer (`backends.ggml_expert_op`), on `threads` threads."""
+    llama.cpp's own expert operation of each layer (`bench.ggml_expert_op`), on `threads` threads."""
     if isinstance(model, torch.nn.Module):
         found = find_experts(model)
         if not found:
@@ -55,8 +55,8 @@ def _experts_source(model: Any, dtype, spec: str | None, threads: int | None = N
         return (lambda l: found[l]), len(found), label, provenance
     spec = str(model)
     if spec.endswith(".gguf"):
-        from moespec.backends import gguf_info
-        from moespec.backends.ggml_expert_op import ExpertLayer
+        from moespec.models import gguf_info
+        from moespec.bench.ggml_expert_op import ExpertLayer
         from moespec.backends.llama_model import default_threads
 
         blocks = gguf_info.expert_layers(spec)
@@ -64,7 +64,7 @@ def _experts_source(model: Any, dtype, spec: str | None, threads: int | None = N
         return ((lambda l: ExpertLayer(spec, blocks[l], threads=threads)), len(blocks), spec,
                 {**gguf_info.identity(spec), "options": {"threads": threads}})
     if spec.startswith("synthetic:"):
-        from moespec.models.load import load
+        from moespec.models import load
 
         built, _ = load(spec, dtype=dtype)
         found = find_experts(built)
@@ -114,7 +114,7 @@ def characterize(
     `<out>.points.jsonl` and skipped on a rerun under the same provenance (the model, its fingerprint,
     dtype, experts, the traces' fingerprints, seed, u_points, windows, warmup, flush bytes), else
     ProvenanceMismatch; `restart` moves the log to `<name>.old`. model_spec: the spec of a module.
-    A GGUF file as `model` times llama.cpp's own expert operation (`backends.ggml_expert_op`) on
+    A GGUF file as `model` times llama.cpp's own expert operation (`bench.ggml_expert_op`) on
     `threads` threads (default: llama.cpp's); its trace must carry the file's identity and expert bytes
     (`moespec trace --model FILE.gguf` records it through transformers and labels it so).
     """
@@ -200,10 +200,10 @@ DENSE_REPS = 15  # timed computes of the dense products per pass size
 
 def dense_times(path: str, ns: Sequence[int], threads: int, *, reps: int = DENSE_REPS, warmup: int = 1,
                 flush: Callable[[], None] | None = None, seed: int = 0) -> dict:
-    """D(n), the time of a GGUF file's dense products at n rows (`backends.ggml_dense_op`), for each
+    """D(n), the time of a GGUF file's dense products at n rows (`bench.ggml_dense_op`), for each
     n of `ns`: `reps` rounds over every n, each round in a fresh seeded order (drift falls on every n
     alike), `flush` before every compute; medians and every sample, in seconds."""
-    from moespec.backends.ggml_dense_op import DenseOps
+    from moespec.bench.ggml_dense_op import DenseOps
 
     samples: dict[int, list[float]] = {n: [] for n in ns}
     rng = np.random.default_rng(seed)

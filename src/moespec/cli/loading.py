@@ -8,7 +8,7 @@ BACKEND_HELP = ("torch or llama.cpp. Default: llama.cpp for a .gguf file when mo
 
 def load_model(spec: str, backend: str | None, *, threads: int | None, exact: bool = False, **torch_options):
     """(model, tokenizer) of `spec` on its backend: llama.cpp takes the threads, torch the kernel options."""
-    from moespec.models.load import load, resolve_backend
+    from moespec.models.specs import load, resolve_backend
 
     if resolve_backend(spec, backend or "auto") == "llama.cpp":
         if torch_options.get("routing") is not None:

@@ -54,7 +54,7 @@ def trace(
                                             "or the file itself (read dequantized by transformers)"),
 ) -> None:
     """Record the experts each token selects in every MoE layer, reading a corpus by teacher forcing."""
-    from moespec.models.load import load
+    from moespec.models import load
     from moespec.moe.corpus import default_corpus, read_corpus
     from moespec.moe.routing import record_to_file, tokenize
 
@@ -105,7 +105,7 @@ def trace_verified(
     operation is timed on those windows."""
     from moespec.bench.prompts import continuation_length
     from moespec.bench.verify import verified_routing
-    from moespec.models.load import load
+    from moespec.models import load
 
     net, tok = load(model, dtype=dtype, seed=seed, routing=routing)
     length = continuation_length(reps, n_max, stride)

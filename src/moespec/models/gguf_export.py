@@ -45,7 +45,7 @@ LAYER_TENSORS = {  # transformers name in layer i -> llama.cpp name in block i
 
 def export_gguf(spec: str, out: str | Path, kind: str = "f32", *, threads: int | None = None) -> Path:
     """Write model `spec` (a moespec spec, see `models.load`) to `out` as GGUF of type `kind`."""
-    from moespec.models.load import load
+    from moespec.models import load
 
     if kind not in FTYPES:
         raise ValueError(f"--type {kind!r} is not one of {', '.join(FTYPES)}")

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from moespec.backends.ggml_expert_op import PARTS, ExpertLayer
+from moespec.bench.ggml_expert_op import PARTS, ExpertLayer
 from tests.conftest import require_llama
 
 

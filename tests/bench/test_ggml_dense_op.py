@@ -4,7 +4,7 @@ numpy on the f32 export of trained:olmoe, and the timing's shape."""
 import numpy as np
 import pytest
 
-from moespec.backends.ggml_dense_op import DenseOps
+from moespec.bench.ggml_dense_op import DenseOps
 from tests.conftest import require_llama
 
 
