@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from moespec.bench import prediction
+from moespec.chain import prediction
 
 READS = ("even", "odd", "all")
 

@@ -36,7 +36,7 @@ TORCH_FREE = [
     "moespec.report.figures",
     "moespec.report.html",
     "moespec.report.plotting",
-    "moespec.bench.prediction",
+    "moespec.chain.prediction",
     "moespec.bench.prompts",
     "moespec.bench.sweep_cells",
     "moespec.bench.verify_times",

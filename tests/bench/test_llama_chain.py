@@ -11,7 +11,7 @@ import pytest
 from moespec import artifacts
 from moespec.models import gguf_info
 from moespec.moe.traces import RoutingTrace
-from moespec.pipeline import DemoConfig, run_demo
+from moespec.chain.demo import DemoConfig, run_demo
 from tests.conftest import require_llama
 
 LLAMA_STEPS = ("export", "trace", "characterize", "measure-base", "predict", "measure-sweep", "score")

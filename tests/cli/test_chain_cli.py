@@ -59,8 +59,8 @@ def test_predict_of_missing_files_is_refused(tmp_path):
 
 
 def known_inputs(tmp_path, **base_changes):
-    """A characterization, a trace and a base measurement of known values (`tests.bench.test_prediction`)."""
-    from tests.bench.test_prediction import TRACE, base, characterization
+    """A characterization, a trace and a base measurement of known values (`tests.chain.test_prediction`)."""
+    from tests.chain.test_prediction import TRACE, base, characterization
 
     paths = tmp_path / "c.json", tmp_path / "t.parquet", tmp_path / "m.json"
     artifacts.write(paths[0], "characterize", characterization())
@@ -100,7 +100,7 @@ def test_predict_refuses_a_measurement_of_another_model_naming_both(tmp_path):
 
 
 def test_report_refuses_a_folder_of_two_models(tmp_path):
-    from tests.bench.test_prediction import base, characterization
+    from tests.chain.test_prediction import base, characterization
 
     olmoe = {"model": "synthetic:olmoe-tiny", "num_experts": 16, "top_k": 4}
     artifacts.write(tmp_path / "characterization.json", "characterize", {**characterization(), "provenance": olmoe})

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.image as mpimg
 import pytest
 
-from moespec.pipeline import DemoConfig, run_demo
+from moespec.chain.demo import DemoConfig, run_demo
 from moespec.report.build import build_report
 
 

@@ -5,10 +5,18 @@ prediction is written. `moespec measure --base` and the demo's base phase both w
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Mapping
 
-from moespec.bench.versions import HSource
 from moespec.kernel_names import DEDUP
+
+
+class HSource(StrEnum):
+    """Where the base measurement's h(k) came from (`h_source`)."""
+
+    ORACLE_PROBE = "oracle-probe"  # the demo's oracle probe at an acceptance off the scored grid
+    GIVEN = "given"  # an "h" section written without a recorded source
+
 
 # The h(k) probe's acceptance: off the scored grid (`costmodel.predict.ACCEPTANCE_GRID`).
 H_PROBE_ACCEPTANCE = 0.75

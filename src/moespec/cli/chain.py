@@ -14,7 +14,7 @@ from moespec import artifacts
 from moespec.cli.app import app
 from moespec.cli.checks import interval, model_spec, output_file, output_folder, routing_file
 from moespec.kernel_names import COST_DEDUP, COST_KERNELS
-from moespec.pipeline import DemoConfig
+from moespec.chain.demo import DemoConfig
 
 _DEMO_MEASURE = DemoConfig().measure  # the defaults the options' help quotes
 
@@ -72,7 +72,7 @@ def predict_command(
 ) -> None:
     """Predict τ̂_p(n), Ŝ(n) with its band, the crossover, k̂*(a) and the speedup (22), in three versions;
     exits 1, writing nothing, when no version can be predicted."""
-    from moespec.bench.prediction import KIND, predict_all
+    from moespec.chain.prediction import KIND, predict_all
 
     sources = {"characterization": str(characterization), "traces": str(traces), "measurement_base": str(measurement)}
     try:
@@ -96,7 +96,7 @@ def score_command(
 ) -> None:
     """Score the prediction against the measurement: Tables 3, 4, 7 and the rules of Table 8; exits 1,
     writing nothing, when no version can be scored."""
-    from moespec.bench.prediction import KIND, SCORE_KIND, score_all
+    from moespec.chain.prediction import KIND, SCORE_KIND, score_all
 
     if kernel not in COST_KERNELS:
         raise typer.BadParameter(f"--kernel {kernel!r}; use one of {COST_KERNELS}")
@@ -169,7 +169,7 @@ def demo_command(
                                           help="with --backend llama.cpp: llama.cpp's threads (default: all cores)"),
 ) -> None:
     """The whole chain: trace → characterize → measure → predict → sweep → score → report."""
-    from moespec.pipeline import run_demo
+    from moespec.chain.demo import run_demo
 
     if smoke and full:
         raise typer.BadParameter("--smoke and --full exclude each other")

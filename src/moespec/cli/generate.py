@@ -155,7 +155,7 @@ def generate_cmd(
         input_ids = _encode(tok, text)
     seeded = None  # V(0..max_k) for -k auto
     if step_times_from is not None:
-        from moespec.bench.prediction import seed_step_times
+        from moespec.chain.prediction import seed_step_times
 
         if k != "auto":
             raise typer.BadParameter(f"--step-times-from seeds -k auto; got -k {k}")

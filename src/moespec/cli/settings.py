@@ -27,7 +27,7 @@ DEFAULT_VERSION = "calibrated"  # then the others in VERSIONS order, as `bench.p
 
 def _prediction_step_times(path: Path, version: str | None, kernel: str, depth: int | None) -> tuple[list, str, int]:
     """(V in seconds, the version read, its depth) from a predict artifact; a named version must be there."""
-    from moespec.bench.prediction import KIND, payload_of
+    from moespec.chain.prediction import KIND, payload_of
 
     try:
         payload = payload_of(path, KIND)

@@ -6,9 +6,10 @@ from dataclasses import replace
 import pytest
 
 from moespec import artifacts
-from moespec.bench.versions import HSource, Unavailable, WindowSource
+from moespec.bench.measure_base import HSource
+from moespec.chain.versions import Unavailable, WindowSource
 from moespec.costmodel.predict import VERSIONS
-from moespec.pipeline import DemoConfig, run_demo
+from moespec.chain.demo import DemoConfig, run_demo
 from moespec.provenance import ProvenanceMismatch
 
 STEPS = ("trace", "trace-verified", "characterize", "measure-base", "predict", "measure-sweep", "score")
@@ -120,7 +121,7 @@ def test_full_is_the_papers_protocol():
     from moespec.bench.measure import MeasureConfig
     from moespec.kernel_names import ENGINE_KERNELS as KERNELS
     from moespec.bench.measure_base import H_PROBE_ACCEPTANCE
-    from moespec.pipeline import _measure_config, _phase_knobs
+    from moespec.chain.demo import _measure_config, _phase_knobs
 
     cfg = DemoConfig.full_protocol()
     m = _measure_config(cfg)

@@ -15,8 +15,8 @@ from typing import Any, Callable
 from moespec import artifacts
 from moespec.bench.lineage import check_chain, of_model
 from moespec.bench.measure_base import base_knobs
-from moespec.bench.prediction import KIND as PREDICT_KIND
-from moespec.bench.prediction import SCORE_KIND, predict_all, score_all
+from moespec.chain.prediction import KIND as PREDICT_KIND
+from moespec.chain.prediction import SCORE_KIND, predict_all, score_all
 from moespec.kernel_names import DEDUP
 from moespec.moe.traces import read_header
 
@@ -70,10 +70,22 @@ class DemoConfig:
             raise ValueError(f"trace_tokens={self.trace_tokens}; trace at least 16 tokens")
         if self.backend not in ("torch", "llama.cpp"):
             raise ValueError(f"backend={self.backend!r}; choose 'torch' or 'llama.cpp'")
-        if self.backend == "llama.cpp":  # one kernel, llama.cpp's grouped mul_mat_id; no verified windows
-            one = {"kernels": (DEDUP,), "oracle_kernels": (DEDUP,)}
-            object.__setattr__(self, "measure", {**self.measure, **one})
-            object.__setattr__(self, "ops_between_passes", False)
+        if self.backend == "llama.cpp" and self.routing is not None:
+            raise ValueError("routing replay runs on the torch backend; the llama.cpp chain runs the file's own routers")
+
+    @property
+    def llama(self) -> bool:
+        return self.backend == "llama.cpp"
+
+    def measure_knobs(self) -> dict[str, Any]:
+        """`measure` as the measure step takes it: on llama.cpp one kernel, llama.cpp's grouped mul_mat_id."""
+        return {**self.measure, "kernels": (DEDUP,), "oracle_kernels": (DEDUP,)} if self.llama else dict(self.measure)
+
+    @property
+    def times_ops_between_passes(self) -> bool:
+        """Whether the verify phase times the characterized layers' operation between its passes
+        (torch only: llama.cpp's chain has no verified windows)."""
+        return self.ops_between_passes and not self.llama
 
     @classmethod
     def demo(cls, **overrides) -> "DemoConfig":
@@ -118,8 +130,7 @@ def _measure_phase(cfg: DemoConfig, out: Path, *, base: bool, progress: bool, lo
     sweep phase reads the base phase's back from the point log they share."""
     from moespec.bench.measure import measure
 
-    llama = cfg.backend == "llama.cpp"
-    return measure(str(_gguf(cfg, out.parent)) if llama else cfg.model, full=cfg.full, out=out,
+    return measure(str(_gguf(cfg, out.parent)) if cfg.llama else cfg.model, full=cfg.full, out=out,
                    points=out.with_name(POINTS), base=base, layers=cfg.layers, progress=progress, loaded=loaded(),
                    verified=verified if op_layers else None, backend=cfg.backend,
                    **_phase_knobs(cfg, False, op_layers))
@@ -133,19 +144,124 @@ def _gguf(cfg: DemoConfig, out: Path) -> Path:
 
 
 def _phase_knobs(cfg: DemoConfig, base: bool, op_layers: tuple[int, ...] = ()) -> dict[str, Any]:
-    knobs = dict(cfg.measure, op_layers=tuple(op_layers))
+    knobs = dict(cfg.measure_knobs(), op_layers=tuple(op_layers))
     return base_knobs(knobs) if base else knobs
 
 
 def _op_layers(cfg: DemoConfig, verified: Path) -> tuple[int, ...]:
     """The layers whose operation the verify phase times between its passes: the characterized ones."""
-    if not cfg.ops_between_passes:
+    if not cfg.times_ops_between_passes:
         return ()
     from moespec.bench.expert_op import resolve_layers
     from moespec.moe.traces import RoutingTrace
 
     layers = cfg.characterize.get("layers", (0, "mid"))
     return tuple(resolve_layers(layers, RoutingTrace.load(verified).num_layers))
+
+
+@dataclass
+class _Run:
+    """What every step of one run shares: the config, the folder's paths, and the model, built on first use."""
+
+    config: DemoConfig
+    out: Path
+    progress: bool
+    held: list = field(default_factory=list)
+
+    def path(self, name: str) -> Path:
+        return self.out / name
+
+    @property
+    def gguf(self) -> Path:
+        return _gguf(self.config, self.out)
+
+    @property
+    def routing(self) -> Path | str | None:
+        """The routing the torch model replays: "trained" is recorded into the run folder first."""
+        return self.path(TRAINED_ROUTING) if self.config.routing == "trained" else self.config.routing
+
+    def loaded(self):
+        """The model and tokenizer, built on first use only and then shared by every step."""
+        if not self.held:
+            from moespec.models import load
+
+            cfg = self.config
+            self.held.extend(load(str(self.gguf), backend="llama.cpp", threads=cfg.threads) if cfg.llama else
+                             load(cfg.model, seed=cfg.seed, layers=cfg.layers, routing=self.routing,
+                                  fast_linear=True))  # as `moespec generate` runs it
+        return self.held[0], self.held[1]
+
+
+# A step: (name, the artifact it writes, the work that writes it). A step whose artifact exists is reused.
+Step = tuple[str, Path, Callable[[], Any]]
+
+
+def _torch_steps(run: _Run) -> list[Step]:
+    """The chain's first steps on torch: the routing (replayed if asked), the verified windows, the
+    characterization of the expert operation on both."""
+    cfg, p = run.config, run.path
+    return [("trace", p(TRACES), lambda: _trace(*run.loaded(), cfg, p(TRACES))),
+            ("trace-verified", p(VERIFIED), lambda: _trace_verified(*run.loaded(), cfg, p(VERIFIED))),
+            ("characterize", p(CHARACTERIZATION), lambda: _characterize(
+                run.loaded()[0], cfg, p(TRACES), p(VERIFIED), p(CHARACTERIZATION), run.progress))]
+
+
+def _inputs(run: _Run) -> list[Step]:
+    """What the model needs before it can be built: the routing it replays, the file it is."""
+    cfg, p = run.config, run.path
+    if cfg.llama and not cfg.model.endswith(".gguf"):
+        from moespec.bench.llama_chain import export_target
+
+        return [("export", run.gguf, lambda: export_target(cfg.model, run.gguf, cfg.gguf_type))]
+    if cfg.routing == "trained":
+        return [("trace-trained", p(TRAINED_ROUTING), lambda: _trace_trained(p(TRAINED_ROUTING)))]
+    return []
+
+
+def _llama_steps(run: _Run) -> list[Step]:
+    """The chain's first steps on llama.cpp: the file's routing, the characterization of ggml's
+    expert operation on the file's tensors."""
+    from moespec.bench.llama_chain import record_gguf_routing
+
+    cfg, p, gguf = run.config, run.path, run.gguf
+    source = None if cfg.model.endswith(".gguf") else cfg.model
+    return [("trace", p(TRACES), lambda: record_gguf_routing(gguf, p(TRACES), tokens=cfg.trace_tokens, source=source)),
+            ("characterize", p(CHARACTERIZATION), lambda: _characterize(
+                str(gguf), cfg, p(TRACES), None, p(CHARACTERIZATION), run.progress))]
+
+
+def _measure_steps(run: _Run, echo: Callable[[str], None]) -> list[Step]:
+    """Base measurement, prediction (written before any scored run), sweep, score. Artifacts measured
+    with other knobs than this config's are removed first, with what follows from them."""
+    cfg, p = run.config, run.path
+    op_layers = _op_layers(cfg, p(VERIFIED))
+    changed = _knobs_changed(cfg, p(MEASUREMENT_BASE), base=True, op_layers=op_layers)
+    if changed:  # the prediction reads the base measurement: both, and the sweep scored against it, again
+        echo(f"[measure-base] {MEASUREMENT_BASE} was measured with {changed}; measuring it again and "
+             "predicting again (the sweep's runs are read back from the point log)")
+        for name in (MEASUREMENT_BASE, PREDICTION, MEASUREMENT, SCORE):
+            p(name).unlink(missing_ok=True)
+    changed = _knobs_changed(cfg, p(MEASUREMENT), base=False, op_layers=op_layers)
+    if changed:  # measured with other knobs: measure again (runs whose keys match are read back from the log)
+        echo(f"[measure-sweep] {MEASUREMENT} was measured with {changed}; measuring the sweep again")
+        p(MEASUREMENT).unlink()
+        p(SCORE).unlink(missing_ok=True)
+    sources = {"characterization": str(p(CHARACTERIZATION)), "traces": str(p(TRACES)),
+               "measurement_base": str(p(MEASUREMENT_BASE))}
+
+    def phase(name: str, base: bool) -> Step:
+        return (name, p(name), lambda: _measure_phase(cfg, p(name), base=base, progress=run.progress,
+                                                        loaded=run.loaded, verified=p(VERIFIED), op_layers=op_layers))
+
+    return [phase(MEASUREMENT_BASE, True),
+            ("predict", p(PREDICTION), lambda: artifacts.write(p(PREDICTION), PREDICT_KIND, predict_all(
+                p(CHARACTERIZATION), p(TRACES), p(MEASUREMENT_BASE), sources=sources))),
+            phase(MEASUREMENT, False),
+            ("score", p(SCORE), lambda: artifacts.write(p(SCORE), SCORE_KIND, score_all(
+                artifacts.load(p(PREDICTION), PREDICT_KIND), p(MEASUREMENT))))]
+
+
+STEP_NAMES = {MEASUREMENT_BASE: "measure-base", MEASUREMENT: "measure-sweep"}
 
 
 def run_demo(
@@ -173,90 +289,20 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     if restart:
         _move_aside(out, echo)
-    paths = {name: out / name
-             for name in (TRACES, VERIFIED, CHARACTERIZATION, MEASUREMENT_BASE, MEASUREMENT, PREDICTION, SCORE)}
-    ran, seconds = [], {}
-
-    def step(name: str, path: Path, work: Callable[[], None]) -> None:
-        if path.exists():
-            echo(f"[{name}] reusing {path}")
-            return
-        echo(f"[{name}] running")
-        t0 = time.perf_counter()
-        work()
-        seconds[name] = time.perf_counter() - t0
-        ran.append(name)
-        echo(f"[{name}] done in {seconds[name]:.0f} s -> {path}")
-
-    routing = config.routing
-    llama = config.backend == "llama.cpp"
-    if llama and routing is not None:
-        raise ValueError("routing replay runs on the torch backend; the llama.cpp chain runs the file's own routers")
-    gguf = _gguf(config, out) if llama else None
-    if llama and not config.model.endswith(".gguf"):
-        from moespec.bench.llama_chain import export_target
-
-        step("export", gguf, lambda: export_target(config.model, gguf, config.gguf_type))
-    if routing == "trained":
-        routing = out / TRAINED_ROUTING
-        step("trace-trained", routing, lambda: _trace_trained(routing))
-    held: list = []
-
-    def loaded():
-        """The model and tokenizer, built on first use only and then shared by every step."""
-        if not held:
-            from moespec.models import load
-
-            held.extend(load(str(gguf), backend="llama.cpp", threads=config.threads) if llama else
-                        load(config.model, seed=config.seed, layers=config.layers, routing=routing,
-                             fast_linear=True))  # as `moespec generate` runs it
-        return held[0], held[1]
-
-    _check_folder(config, out, lambda: loaded()[0])
-
-    if llama:  # routing through transformers on the weights the file holds; no verified windows
-        from moespec.bench.llama_chain import record_gguf_routing
-
-        source = None if config.model.endswith(".gguf") else config.model
-        step("trace", paths[TRACES], lambda: record_gguf_routing(gguf, paths[TRACES], tokens=config.trace_tokens,
-                                                                 source=source))
-        step("characterize", paths[CHARACTERIZATION],
-             lambda: _characterize(str(gguf), config, paths[TRACES], None, paths[CHARACTERIZATION], progress))
-    else:
-        step("trace", paths[TRACES], lambda: _trace(*loaded(), config, paths[TRACES]))
-        short = _verified_too_short(config, paths[VERIFIED])
+    run, ran, seconds = _Run(config, out, progress), [], {}
+    for name, path, work in _inputs(run):
+        _step(name, path, work, echo, ran, seconds)
+    _check_folder(config, out, lambda: run.loaded()[0])
+    if not config.llama:
+        short = _verified_too_short(config, run.path(VERIFIED))
         if short:  # more verify repetitions read further into the continuation; its first rows stay the same
             echo(f"[trace-verified] {VERIFIED} {short}; recording it again")
-            paths[VERIFIED].unlink()
-        step("trace-verified", paths[VERIFIED], lambda: _trace_verified(*loaded(), config, paths[VERIFIED]))
-        step("characterize", paths[CHARACTERIZATION], lambda: _characterize(
-            loaded()[0], config, paths[TRACES], paths[VERIFIED], paths[CHARACTERIZATION], progress))
-
-    op_layers = _op_layers(config, paths[VERIFIED])
-    changed = _knobs_changed(config, paths[MEASUREMENT_BASE], base=True, op_layers=op_layers)
-    if changed:  # the prediction reads the base measurement: both, and the sweep scored against it, again
-        echo(f"[measure-base] {MEASUREMENT_BASE} was measured with {changed}; measuring it again and "
-             "predicting again (the sweep's runs are read back from the point log)")
-        for name in (MEASUREMENT_BASE, PREDICTION, MEASUREMENT, SCORE):
-            paths[name].unlink(missing_ok=True)
-
-    step("measure-base", paths[MEASUREMENT_BASE],
-         lambda: _measure_phase(config, paths[MEASUREMENT_BASE], base=True, progress=progress, loaded=loaded,
-                                verified=paths[VERIFIED], op_layers=op_layers))
-    sources = {"characterization": str(paths[CHARACTERIZATION]), "traces": str(paths[TRACES]),
-               "measurement_base": str(paths[MEASUREMENT_BASE])}
-    step("predict", paths[PREDICTION], lambda: artifacts.write(paths[PREDICTION], PREDICT_KIND, predict_all(
-        paths[CHARACTERIZATION], paths[TRACES], paths[MEASUREMENT_BASE], sources=sources)))
-    changed = _knobs_changed(config, paths[MEASUREMENT], base=False, op_layers=op_layers)
-    if changed:  # measured with other knobs: measure again (runs whose keys match are read back from the log)
-        echo(f"[measure-sweep] {MEASUREMENT} was measured with {changed}; measuring the sweep again")
-        paths[MEASUREMENT].unlink()
-        paths[SCORE].unlink(missing_ok=True)
-    step("measure-sweep", paths[MEASUREMENT],
-         lambda: _measure_phase(config, paths[MEASUREMENT], base=False, progress=progress, loaded=loaded,
-                                verified=paths[VERIFIED], op_layers=op_layers))
-    step("score", paths[SCORE], lambda: artifacts.write(paths[SCORE], SCORE_KIND, score_all(
-        artifacts.load(paths[PREDICTION], PREDICT_KIND), paths[MEASUREMENT])))
+            run.path(VERIFIED).unlink()
+    first = _llama_steps(run) if config.llama else _torch_steps(run)
+    for name, path, work in first:  # the measure steps read what these wrote (the verified windows' layers)
+        _step(STEP_NAMES.get(name, name), path, work, echo, ran, seconds)
+    for name, path, work in _measure_steps(run, echo):
+        _step(STEP_NAMES.get(name, name), path, work, echo, ran, seconds)
     t0 = time.perf_counter()
     report = build_report(out, out=out / REPORT)
     summary = (out / "summary.txt").read_text(encoding="utf-8")
@@ -264,6 +310,20 @@ def run_demo(
     echo(summary)
     echo(f"report: {report}")
     return DemoResult(out_dir=out, ran=tuple(ran), seconds=seconds, summary=summary)
+
+
+def _step(name: str, path: Path, work: Callable[[], Any], echo: Callable[[str], None], ran: list,
+          seconds: dict) -> None:
+    """Run `work` unless its artifact `path` exists; log it and its time."""
+    if path.exists():
+        echo(f"[{name}] reusing {path}")
+        return
+    echo(f"[{name}] running")
+    t0 = time.perf_counter()
+    work()
+    seconds[name] = time.perf_counter() - t0
+    ran.append(name)
+    echo(f"[{name}] done in {seconds[name]:.0f} s -> {path}")
 
 
 def _move_aside(out: Path, echo: Callable[[str], None]) -> None:
@@ -325,7 +385,7 @@ def _trace_trained(path: Path) -> None:
 def _measure_config(config: DemoConfig):
     from moespec.bench.measure import MeasureConfig
 
-    return MeasureConfig.preset(config.full, **config.measure)
+    return MeasureConfig.preset(config.full, **config.measure_knobs())
 
 
 def _verified_length(config: DemoConfig) -> int:
@@ -359,7 +419,7 @@ def _characterize(net, config: DemoConfig, traces: Path, verified: Path | None, 
 
     knobs = dict(config.characterize)
     knobs.setdefault("n", _measure_config(config).ns)
-    if config.ops_between_passes and "verified_reps" not in knobs:  # the base measurement times them
+    if config.times_ops_between_passes and "verified_reps" not in knobs:  # the base measurement times them
         verified = None
     if config.backend == "llama.cpp":
         knobs["threads"] = config.threads

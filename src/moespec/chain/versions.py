@@ -44,10 +44,3 @@ class CalibratedOn(StrEnum):
 
     MEASURED_TIME = "measured-time"
     PREDICTION = "prediction"
-
-
-class HSource(StrEnum):
-    """Where the base measurement's h(k) came from (`h_source`)."""
-
-    ORACLE_PROBE = "oracle-probe"  # the demo's oracle probe at an acceptance off the scored grid
-    GIVEN = "given"  # an "h" section written without a recorded source

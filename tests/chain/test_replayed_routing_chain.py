@@ -4,12 +4,12 @@ on the model's own routing is refused; `--routing trained` records trained:olmoe
 import numpy as np
 import pytest
 
-from moespec import pipeline
+from moespec.chain import demo as pipeline
 from moespec.models import synthetic
 from moespec.moe.replay import RoutingReplay
 from moespec.moe.routing import record
 from moespec.moe.traces import RoutingTrace
-from moespec.pipeline import DemoConfig, run_demo
+from moespec.chain.demo import DemoConfig, run_demo
 from moespec.provenance import ProvenanceMismatch
 
 

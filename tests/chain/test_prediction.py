@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from moespec.artifacts import json_safe
-from moespec.bench.prediction import (nearest_layers, predict_all, predict_from_artifacts, repetition_half,
+from moespec.chain.prediction import (nearest_layers, predict_all, predict_from_artifacts, repetition_half,
                                       score_all, score_from_artifacts, window_unions, windows_source)
-from moespec.bench.versions import CalibratedOn, HSource, Unavailable, VersionUnavailable, WindowSource
+from moespec.bench.measure_base import HSource
+from moespec.chain.versions import CalibratedOn, Unavailable, VersionUnavailable, WindowSource
 from moespec.bench.verify_times import VerifyTimes
 from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS

@@ -24,7 +24,8 @@ import numpy as np
 from moespec import artifacts
 from moespec.bench.lineage import check_chain
 from moespec.bench.prompts import verified_depth
-from moespec.bench.versions import CalibratedOn, HSource, Unavailable, VersionUnavailable, WindowSource
+from moespec.bench.measure_base import HSource
+from moespec.chain.versions import CalibratedOn, Unavailable, VersionUnavailable, WindowSource
 from moespec.bench.sweep_cells import cell_throughput, resample_throughput
 from moespec.bench.verify_times import VerifyTimes, pass_time
 from moespec.costmodel.fit import ExpertFit
