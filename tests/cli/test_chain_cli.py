@@ -110,3 +110,16 @@ def test_report_refuses_a_folder_of_two_models(tmp_path):
     flat = " ".join(result.output.replace("│", " ").split())
     assert result.exit_code == 2 and not (tmp_path / "report.html").exists()
     assert "num_experts: characterization.json has 16; measurement.json has 8" in flat
+
+
+def test_a_table_keeps_its_rows_whole_when_the_output_is_piped(tmp_path, monkeypatch):
+    """CliRunner's output is no terminal, as a pipe or a log is: rich alone would wrap at 80 columns."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    char, trace, meas = known_inputs(tmp_path)
+    result = CliRunner().invoke(app, ["predict", "--characterization", str(char), "--traces", str(trace),
+                                      "--measurement", str(meas), "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 0, result.output
+    header = next(line for line in result.output.splitlines() if "version" in line and "crossover" in line)
+    assert "k̂*(a) on the grid (dedup)" in header and "best predicted speedup" in header
+    rows = [line for line in result.output.splitlines() if "prediction" in line and "│" in line]
+    assert rows and max(len(line) for line in result.output.splitlines()) > 80  # wider than rich's default

@@ -1,9 +1,26 @@
 """The typer application that every command module adds itself to, and its error boundary."""
 
+import os
+import shutil
+import sys
 import warnings
 
 import typer
+from rich.console import Console
 from typer.core import TyperGroup
+
+# Outside a terminal (a pipe, a log) rich would wrap every table at 80 columns; a table wider than
+# that keeps its rows whole up to this width, and a narrower one keeps its own.
+PIPED_WIDTH = 240
+
+
+def cli_console() -> Console:
+    """The console every command prints through: the terminal's width in a terminal, COLUMNS when
+    set, else PIPED_WIDTH, so that tables keep their shape when piped or logged."""
+    if "COLUMNS" in os.environ or sys.stdout.isatty():
+        return Console()
+    return Console(width=max(PIPED_WIDTH, shutil.get_terminal_size((PIPED_WIDTH, 24)).columns))
+
 
 # A user's mistake: moespec raises these with the offending value and the fix (DESIGN.md, Conventions).
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)

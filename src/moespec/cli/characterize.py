@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from moespec.bench.characterize import (
@@ -18,7 +17,7 @@ from moespec.bench.characterize import (
 )
 from moespec.bench.expert_op import MOESPEC_KERNELS, TRANSFORMERS_KERNELS
 from moespec.cli import checks
-from moespec.cli.app import app
+from moespec.cli.app import app, cli_console
 from moespec.cli.checks import interval, model_spec, output_file
 from moespec.cli.traces import parse_n_range
 from moespec.costmodel.fit import fit_pass_sizes
@@ -125,7 +124,7 @@ def characterize(
     Resumable: finished points are kept in OUT.points.jsonl and skipped when the command runs again
     under the same provenance; under another it stops, naming both (or starts afresh with --restart).
     """
-    console = Console()
+    console = cli_console()
     if points_path(out).exists() and not restart:
         console.print(f"resuming from {points_path(out)}")
     payload = run_characterize(

@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
-from moespec.cli.app import app
+from moespec.cli.app import app, cli_console
 from moespec.cli.checks import interval, model_spec, output_file
 
 TYPES = ("f32", "f16", "q8_0", "q4_k")
@@ -39,4 +38,4 @@ def export_gguf_cmd(
     bindings()  # the quantizer and the check below need llama-cpp-python: say so before the model loads
     t0 = time.perf_counter()
     path = export_gguf(spec, out, kind, threads=threads)
-    Console().print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, {kind}) in {time.perf_counter() - t0:.1f} s")
+    cli_console().print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, {kind}) in {time.perf_counter() - t0:.1f} s")

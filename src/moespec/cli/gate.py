@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from moespec.bench.prompts import PROMPT_COUNT
-from moespec.cli.app import app
+from moespec.cli.app import app, cli_console
 from moespec.cli.checks import MAX_DRAFT, backend_name, draft_length, interval, model_spec, output_file
 from moespec.cli.loading import BACKEND_HELP, load_model
 
@@ -97,7 +96,7 @@ def gate_cmd(
     from moespec.engine.decode import check_pairing
     from moespec.bench.gate import run_gate
 
-    console = Console()
+    console = cli_console()
     model, tok = load_model(target, backend, threads=threads, exact=exact)
     draft_model, draft_tok = load_model(draft, draft_backend, threads=threads)
     check_pairing(tok, draft_tok)

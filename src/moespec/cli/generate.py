@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from moespec.cli.app import app
+from moespec.cli.app import app, cli_console
 from moespec.cli.checks import (ROUTING_HELP, MAX_DRAFT, backend_name, draft_length, experts_implementation, interval,
                                 model_spec, output_file, routing_file)
 from moespec.cli.loading import BACKEND_HELP, load_model
@@ -130,7 +129,7 @@ def generate_cmd(
     if oracle_acceptance is not None and temperature > 0:
         raise typer.BadParameter(f"the oracle draft needs greedy decoding (--temperature 0), got --temperature {temperature}")
     text = prompt if prompt is not None else read_text(prompt_file)
-    console = Console()
+    console = cli_console()
 
     model, tok = load_model(target, backend, threads=threads, exact=exact, experts_implementation=experts,
                             routing=routing, fast_linear=fast_linear)

@@ -6,12 +6,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from moespec.bench.measure_base import H_PROBE_ACCEPTANCE
 from moespec.bench.prompts import PROMPT_COUNT
-from moespec.cli.app import app
+from moespec.cli.app import app, cli_console
 from moespec.cli.checks import MAX_DRAFT, ROUTING_HELP, interval, model_spec, output_file, routing_file
 from moespec.cli.characterize import parse_layers
 from moespec.cli.loading import BACKEND_HELP
@@ -107,7 +106,7 @@ def measure_command(
                           threads=threads, **knobs)
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
-    console = Console()
+    console = cli_console()
     table = Table("depth", "n", "τ_slot ms", "τ_dedup ms", "S(n) ms [95% CI]", title=f"verify times, {model}")
     for v in payload["verify"]:
         savings = {s["n"]: s for s in v["saving"]}

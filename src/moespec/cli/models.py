@@ -1,9 +1,8 @@
 """moespec presets: list the built-in synthetic models and the trained presets shipped with moespec."""
 
-from rich.console import Console
 from rich.table import Table
 
-from moespec.cli.app import app
+from moespec.cli.app import app, cli_console
 from moespec.models import synthetic, trained
 
 
@@ -24,4 +23,4 @@ def presets() -> None:
             score = f"held-out top-1 agreement with SmolLM2 {agree['code']:.2f} on code, {agree['prose']:.2f} on prose"
         table.add_row(trained.PREFIX + name, m["recipe"]["arch"].replace("Config", ""),
                       f"{m['recipe']['description']}; {score}")
-    Console().print(table)
+    cli_console().print(table)

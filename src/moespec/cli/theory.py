@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from moespec.cli.app import app
+from moespec.cli.app import app, cli_console
 from moespec.cli.checks import output_file
 from moespec.costmodel.theory import check_acceptance, check_step_times, summarize
 
@@ -60,7 +59,7 @@ def theory(
 ) -> None:
     """Best draft length k*(a), its speedup, the step points a_j and a0 from step times V(0..kmax)."""
     s = summarize(_step_times(step_times), _acceptances(acceptance))
-    console = Console()
+    console = cli_console()
 
     steps = Table("k", "V(k)", "c_k = V(k) - V(k-1)", title="step times")
     for k, v in enumerate(s.step_times):

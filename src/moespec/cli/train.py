@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from moespec.cli.app import app
+from moespec.cli.app import app, cli_console
 from moespec.cli.checks import interval
 
 
@@ -52,7 +51,7 @@ def train(
                   f"{bits['code']:.3f}", f"{bits['prose']:.3f}")
     if "held_out_teacher_agreement" in m:
         agree = m["held_out_teacher_agreement"]
-        Console().print(f"held-out top-1 agreement with the teacher: {agree['code']:.3f} on code, "
+        cli_console().print(f"held-out top-1 agreement with the teacher: {agree['code']:.3f} on code, "
                         f"{agree['prose']:.3f} on prose")
-    Console().print(table)
+    cli_console().print(table)
     typer.echo(f"wrote {out}")
