@@ -3,7 +3,7 @@ the installed llama-cpp-python vendors, so that a benchmark compares moespec wit
 and a variant libllama built without llamafile's sgemm (-DGGML_LLAMAFILE=OFF), which llama-cpp-python
 loads instead of its own when LLAMA_CPP_LIB_PATH names its folder.
 
-The source comes from llama-cpp-python's sdist (`pip download`, cached), the builds use the flags
+The source comes from llama-cpp-python's sdist (`moespec.models.llama_convert.source_dir`), the builds use the flags
 moespec's README gives for llama-cpp-python (GGML_NATIVE=ON), and everything is cached under
 ~/.cache/moespec/. Each build takes a few minutes on 2 cores, once.
 
@@ -15,32 +15,17 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import subprocess
-import sys
-import tarfile
 from pathlib import Path
 
+from moespec.models.llama_convert import cache_dir, source_dir
+
 TOOLS = ("llama-bench", "llama-speculative-simple")
-CACHE = Path(os.environ.get("MOESPEC_CACHE", Path.home() / ".cache" / "moespec"))
+CACHE = cache_dir()
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> None:
     print("+", " ".join(map(str, cmd)), flush=True)
     subprocess.run(cmd, cwd=cwd, check=True)
-
-
-def source_dir(version: str) -> Path:
-    """vendor/llama.cpp of llama-cpp-python `version`'s sdist, downloaded and unpacked once."""
-    root = CACHE / f"llama-cpp-python-{version}"
-    src = root / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
-    if src.is_dir():
-        return src
-    root.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-          f"llama-cpp-python=={version}", "-d", str(root)])
-    (archive,) = root.glob("llama_cpp_python-*.tar.gz")
-    with tarfile.open(archive) as tar:
-        tar.extractall(root, filter="data")
-    return src
 
 
 def build_tools() -> dict[str, Path]:

@@ -75,3 +75,13 @@ def smollm2():
         pytest.fail(f"SmolLM2 is not installed: {gguf.INSTALL_HINT} and {gguf.EXTRA_HINT}; "
                     f"or set {NO_SMOLLM2}=1 to run without it")
     return load(gguf.SMOLLM2)
+
+
+@pytest.fixture(scope="session")
+def converted(smollm2_gguf) -> dict:
+    """GGUF files llama.cpp's own converter wrote from random-initialized checkpoints of seven MoE
+    architectures, f32, f16 and q8_0 (`tests/converted.py`): {arch: {"checkpoint": folder, type: file}}."""
+    from moespec.models.llama_convert import cache_dir
+    from tests.converted import build
+
+    return build(cache_dir() / "converted")

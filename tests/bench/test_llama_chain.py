@@ -56,8 +56,14 @@ def test_the_routing_carries_the_files_identity_and_its_own_expert_bytes(chains)
     ratio = np.array(llama_trace.expert_bytes) / np.array(torch_trace.expert_bytes)
     assert np.allclose(ratio, 34 / 128, rtol=0.02)
     assert llama_trace.model_fingerprint == gguf_info.fingerprint(gguf) and llama_trace.dtype == "q8_0"
-    # the routing itself is the one recorded on the weights the file was exported from
-    assert all(np.array_equal(a, b) for a, b in zip(llama_trace.documents, torch_trace.documents))
+    # the routing is llama.cpp's own on the q8_0 file: the same tokens as the torch trace read, the same
+    # expert sets as the f32 weights chose but for near ties that quantization moves (measured: 0.96 of
+    # the 200 x 6 (token, layer) pairs; trained routers sit nearer ties than the random ones of
+    # tests/bench/test_converted_gguf.py)
+    assert [len(d) for d in llama_trace.documents] == [len(d) for d in torch_trace.documents]
+    same = np.concatenate([(np.sort(a, axis=-1) == np.sort(b, axis=-1)).all(axis=-1).ravel()
+                           for a, b in zip(llama_trace.documents, torch_trace.documents)])
+    assert same.mean() >= 0.93, same.mean()
 
 
 def test_the_characterization_times_both_reads_through_ggml(chains):

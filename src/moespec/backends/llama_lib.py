@@ -122,6 +122,20 @@ def quantize(source: str | Path, out: str | Path, kind: str, *, threads: int | N
     return Path(out)
 
 
+GGML_MAX_DIMS, GGML_MAX_OP_PARAMS, GGML_MAX_SRC, GGML_MAX_NAME = 4, 64, 10, 64  # ggml.h
+
+
+class GgmlTensor(ctypes.Structure):
+    """struct ggml_tensor (ggml.h): what an eval callback reads of a node (type, ne, nb, data, name)."""
+
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * GGML_MAX_DIMS),
+                ("nb", ctypes.c_size_t * GGML_MAX_DIMS), ("op", ctypes.c_int),
+                ("op_params", ctypes.c_int32 * (GGML_MAX_OP_PARAMS // 4)), ("flags", ctypes.c_int32),
+                ("src", ctypes.c_void_p * GGML_MAX_SRC), ("view_src", ctypes.c_void_p), ("view_offs", ctypes.c_size_t),
+                ("data", ctypes.c_void_p), ("name", ctypes.c_char * GGML_MAX_NAME), ("extra", ctypes.c_void_p),
+                ("padding", ctypes.c_char * 8)]
+
+
 class InitParams(ctypes.Structure):
     """struct ggml_init_params (ggml.h)."""
 

@@ -40,12 +40,15 @@ class LlamaModel:
     path: the .gguf file. threads: llama.cpp's threads for every pass (default: all cores). n_ctx:
     positions the cache holds (default min(trained context, 8192)). batch: the most tokens one
     llama_decode takes. repack: llama.cpp's weight repacking (see the module docstring). flash_attn:
-    llama.cpp's flash attention (None: its own choice, on for these CPUs). Free the
+    llama.cpp's flash attention (None: its own choice, on for these CPUs). eval_callback: a
+    `ggml_backend_sched_eval_callback` the scheduler asks about every node of every pass
+    (`llama_routing` reads the router's choice with one); it must outlive the model. Free the
     C handles with `close()` or a `with` block; garbage collection also frees them.
     """
 
     def __init__(self, path: str | Path, *, threads: int | None = None, n_ctx: int | None = None,
-                 batch: int = DEFAULT_BATCH, repack: bool = False, flash_attn: bool | None = None):
+                 batch: int = DEFAULT_BATCH, repack: bool = False, flash_attn: bool | None = None,
+                 eval_callback=None):
         L = llama_lib.bindings()
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be an int >= 1, got {threads!r}; omit it to use all {default_threads()} cores")
@@ -71,6 +74,8 @@ class LlamaModel:
         ctx.n_threads = ctx.n_threads_batch = self.threads
         ctx.no_perf = True
         ctx.flash_attn_type = {None: -1, False: 0, True: 1}[flash_attn]
+        if eval_callback is not None:
+            ctx.cb_eval = eval_callback
         self._ctx = L.llama_init_from_model(self._model, ctx)
         if not self._ctx:
             self.close()
@@ -111,8 +116,14 @@ class LlamaModel:
     def extend(self, tokens: torch.Tensor, outputs: int | None = None) -> torch.Tensor:
         """Append tokens [n]; logits of the new positions (the last `outputs`), [rows, n_vocab] float32 CPU."""
         ids = tokens.reshape(-1).tolist() if isinstance(tokens, torch.Tensor) else [int(t) for t in tokens]
+        rows = output_rows(len(ids), outputs)
+        out = [torch.from_numpy(a) for a in self.decode(ids, first_out=len(ids) - rows)]
+        return out[0] if len(out) == 1 else torch.cat(out)
+
+    def decode(self, ids: list[int], *, first_out: int, keep: bool = True) -> list[np.ndarray]:
+        """Append token ids with llama.cpp computing the logits of ids[first_out:]; copies of those
+        rows, one [rows, n_vocab] array per llama_decode call, or none unless `keep`."""
         n = len(ids)
-        rows = output_rows(n, outputs)
         start = len(self.tokens)
         if start + n > self.capacity:
             raise ValueError(f"{self.path.name}: {start} + {n} positions exceed the context of {self.capacity}; "
@@ -120,7 +131,6 @@ class LlamaModel:
         if min(ids) < 0 or max(ids) >= self.n_vocab:
             bad = next(t for t in ids if not 0 <= t < self.n_vocab)
             raise ValueError(f"token id {bad} is outside {self.path.name}'s vocabulary of {self.n_vocab}")
-        first_out = n - rows  # index of the first token whose logits are returned
         out = []
         t0 = time.perf_counter()
         for lo in range(0, n, self.batch):
@@ -132,11 +142,11 @@ class LlamaModel:
                 self._L.llama_memory_seq_rm(self._memory, 0, start, -1)
                 raise ValueError(f"llama_decode failed on {len(chunk)} tokens at position {start + lo} "
                                  f"(code {rc}): {llama_lib.last_log()}")
-            if wanted:
-                out.append(torch.from_numpy(self._logits()[:wanted].copy()))
+            if wanted and keep:
+                out.append(self._logits()[:wanted].copy())
         self.forward_s += time.perf_counter() - t0
         self.tokens.extend(ids)
-        return out[0] if len(out) == 1 else torch.cat(out)
+        return out
 
     def _logits(self) -> np.ndarray:
         """[batch, n_vocab] a view of llama.cpp's logits buffer (llama_get_logits), remade only when it moves."""

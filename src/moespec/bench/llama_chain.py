@@ -1,21 +1,27 @@
-"""The chain's inputs on llama.cpp: the GGUF file it runs, and routing traces labelled with that file.
+"""The chain's inputs on llama.cpp: the GGUF file it runs, and the routing that file computes.
 
-llama.cpp does not report which experts its routers chose, so the routing of a GGUF file is recorded
-through transformers on the same weights: those the file was exported from (`source`, the demo's
-preset), or the file itself, dequantized (`models.gguf`). The trace then carries the file's identity
-(`backends.gguf_info.identity`) and the bytes of one expert in the file's own type, so that ū(n)
-and the prediction's bytes are the file's: a q8_0 expert is about a quarter of the f32 one the
-routing was recorded on. Quantization can move a near-tied router choice; the recorded routing is
-that of the weights before it (docs/methodology.md, "The chain on llama.cpp").
+The routing is read from llama.cpp itself while it evaluates the file (`backends.llama_routing`):
+the experts each token selected in each MoE layer of the user's own quantized file, for every MoE
+architecture llama.cpp runs, in about the memory llama.cpp needs for the file. The trace carries the
+file's identity and the bytes of one expert in the file's own types (`models.gguf_info`), so ū(n)
+and the prediction's bytes are the file's: a q8_0 expert is about a quarter of an f32 one.
+
+`label_with_file` keeps the older route for `moespec trace --backend torch --for-gguf`: routing
+recorded through transformers on the weights the file was made from, labelled with the file.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
 
 from moespec.models import gguf_info
-from moespec.moe.traces import RoutingTrace
+from moespec.moe.routing import DEFAULT_CHUNK
+from moespec.moe.traces import ID_DTYPE, RoutingTrace, TraceWriter
 
 
 def export_target(spec: str, out: Path, kind: str) -> Path:
@@ -42,16 +48,74 @@ def label_with_file(trace: RoutingTrace, gguf: Path, source: str) -> RoutingTrac
                    corpus=(*trace.corpus, f"routing recorded through transformers on {source}"), _cache={})
 
 
-def record_gguf_routing(gguf: Path, out: Path, *, tokens: int, source: str | None = None) -> RoutingTrace:
-    """The routing of the shipped corpus (`tokens` tokens) for `gguf`, recorded on `source` (default:
-    the file dequantized by transformers), labelled with the file, and saved to `out`."""
-    from moespec.models import load
-    from moespec.moe.corpus import default_corpus
-    from moespec.moe.routing import record, tokenize
+TRACE_CONTEXT = 4096  # positions of the routing model's cache; a longer document is read in pieces of this
 
-    net, tok = load(source or str(gguf), backend="torch")
-    docs = tokenize(tok, default_corpus(), tokens)
-    trace = record(net, docs, model_spec=source or str(gguf), corpus=["moespec:data/corpus"])
-    labelled = label_with_file(trace, gguf, source or f"{gguf.name}, dequantized")
-    labelled.save(out)
-    return labelled
+
+def _pieces(doc_id: str, ids: list[int], size: int) -> list[tuple[str, list[int]]]:
+    """A document cut into pieces of at most `size` tokens, each read over a fresh cache ("id", "id#2", ...)."""
+    return [(doc_id if i == 0 else f"{doc_id}#{i + 1}", ids[a : a + size]) for i, a in enumerate(range(0, len(ids), size))]
+
+
+def record_gguf_routing(gguf: str | Path, out: str | Path, *, texts: Sequence[tuple[str, str]] | None = None,
+                        tokens: int | None = None, threads: int | None = None, chunk: int = DEFAULT_CHUNK,
+                        corpus: Sequence[str] = ("moespec:data/corpus",),
+                        on_tokens: Callable[[int], None] | None = None) -> tuple[int, int]:
+    """Write to `out` the routing llama.cpp computes for `gguf` on documents [(doc id, text)] (default:
+    the shipped corpus), tokenized by the file's own tokenizer without special tokens and read by
+    teacher forcing, `chunk` tokens per pass, at most `tokens` tokens in all. Returns (documents,
+    tokens) written; `on_tokens(t)` after each pass of t tokens."""
+    from moespec.backends.llama_routing import RoutingModel
+    from moespec.backends.llama_tokenizer import LlamaTokenizer
+    from moespec.moe.corpus import default_corpus
+    from moespec.moe.routing import tokenize
+
+    lay = gguf_info.layout(gguf)  # refuses a dense or unreadable file before llama.cpp loads it
+    ident = gguf_info.identity(gguf)
+    with RoutingModel(gguf, threads=threads, n_ctx=TRACE_CONTEXT, batch=chunk) as reader:
+        tok = LlamaTokenizer(reader.model)
+        text_only = SimpleNamespace(encode=lambda text: tok.encode(text, add_bos=False))  # as the torch trace reads
+        docs = tokenize(text_only, default_corpus() if texts is None else texts, tokens)
+        with TraceWriter(out, num_experts=lay.num_experts, top_k=lay.top_k, expert_bytes=lay.expert_bytes,
+                         layers=lay.moe_layers, model=ident["model"], dtype=ident["dtype"],
+                         corpus=[*corpus, "routing recorded by llama.cpp"],
+                         model_fingerprint=ident["fingerprint"]) as writer:
+            for doc_id, ids in docs:
+                for piece_id, piece in _pieces(doc_id, ids, reader.capacity):
+                    reader.reset()
+                    for a in range(0, len(piece), chunk):
+                        writer.append(piece_id, _stack(reader.read(piece[a : a + chunk]), lay, gguf))
+                        if on_tokens is not None:
+                            on_tokens(len(piece[a : a + chunk]))
+            total = writer.num_tokens
+    return len(docs), total
+
+
+def gguf_routing(gguf: str | Path, documents: Sequence[tuple[str, Sequence[int]]], *, threads: int | None = None,
+                 chunk: int = DEFAULT_CHUNK, corpus: Sequence[str] = ()) -> RoutingTrace:
+    """An in-memory RoutingTrace of token-id documents [(doc id, ids)] as llama.cpp routes them in
+    `gguf`, each read over a fresh cache, `chunk` tokens per pass (`moe.routing.record` on torch)."""
+    from moespec.backends.llama_routing import RoutingModel
+
+    lay = gguf_info.layout(gguf)
+    ident = gguf_info.identity(gguf)
+    longest = max(len(ids) for _, ids in documents)
+    docs = []
+    with RoutingModel(gguf, threads=threads, n_ctx=longest + 1, batch=chunk) as reader:
+        for _, ids in documents:
+            reader.reset()
+            ids = [int(t) for t in ids]
+            docs.append(np.concatenate([_stack(reader.read(ids[a : a + chunk]), lay, gguf)
+                                        for a in range(0, len(ids), chunk)]))
+    return RoutingTrace(docs, lay.num_experts, lay.expert_bytes, tuple(i for i, _ in documents), ident["model"],
+                        ident["dtype"], (*corpus, "routing recorded by llama.cpp"), lay.moe_layers,
+                        model_fingerprint=ident["fingerprint"])
+
+
+def _stack(found: dict[int, np.ndarray], lay: gguf_info.MoELayout, gguf: str | Path) -> np.ndarray:
+    """[t, L, m] int16 from llama.cpp's {block: [t, m]}; refused when a MoE block reported nothing."""
+    missing = [b for b in lay.moe_layers if b not in found]
+    if missing:
+        raise ValueError(f"llama.cpp evaluated {Path(gguf).name} ({lay.architecture}) without an ffn_moe_topk node in "
+                         f"blocks {missing}: its routing cannot be read this way; record it with "
+                         "`moespec trace --backend torch` on the checkpoint the file was made from")
+    return np.stack([found[b] for b in lay.moe_layers], axis=1).astype(ID_DTYPE)

@@ -129,7 +129,7 @@ def time_passes(
 
 
 def verified_routing(model, tokenizer, *, depths: Sequence[int] = (512,), prompts: int = PROMPT_COUNT,
-                     n_max: int = 9, length: int | None = None, model_spec: str = ""):
+                     n_max: int = 9, length: int | None = None, model_spec: str = "", record=None):
     """The routing of the text the verify passes verify: one trace document per (depth, prompt).
 
     Document "d{depth}/p{i}" holds the routing [length, L, m] of the target's greedy continuation of
@@ -137,9 +137,16 @@ def verified_routing(model, tokenizer, *, depths: Sequence[int] = (512,), prompt
     chunks, so each token sees the same context: `run_verify`'s repetition r passes its rows
     [stride·r, stride·r + n). The measured-time version of the prediction times the expert operation
     on these windows (cost-model paper, Sec. 4: "the recorded routing of the verified continuations").
+    record(documents, chunk, corpus) -> RoutingTrace records the routing; default: transformers'
+    (`moe.routing.record` on `model`); a GGUF file's comes from llama.cpp (`llama_chain.gguf_routing`).
     """
-    from moespec.moe.routing import record
     from moespec.moe.traces import RoutingTrace
+
+    if record is None:
+        from moespec.moe.routing import record as on_torch
+
+        record = lambda docs, chunk, corpus: on_torch(model, docs, chunk=chunk, model_spec=model_spec,  # noqa: E731
+                                                      corpus=corpus)
 
     if n_max < 1:
         raise ValueError(f"n_max={n_max} must be >= 1 (the largest verify pass size)")
@@ -148,8 +155,7 @@ def verified_routing(model, tokenizer, *, depths: Sequence[int] = (512,), prompt
         raise ValueError(f"length={length} must be >= n_max={n_max}, the largest verify pass")
     docs = [(f"d{d}/p{i}", ids) for d in depths
             for i, ids in enumerate(verified_texts(model, tokenizer, d, prompts, length))]
-    full = record(model, docs, chunk=PREFILL_CHUNK, model_spec=model_spec,
-                  corpus=["moespec:data/prompts, greedy continuations"])
+    full = record(docs, PREFILL_CHUNK, ["moespec:data/prompts, greedy continuations"])
     return RoutingTrace([doc[-length:] for doc in full.documents], full.num_experts, full.expert_bytes,
                         full.doc_ids, full.model, full.dtype, full.corpus, full.layers,
                         model_fingerprint=full.model_fingerprint)

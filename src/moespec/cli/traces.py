@@ -6,15 +6,14 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from moespec import artifacts
 from moespec.bench.prompts import PROMPT_COUNT
 from moespec.cli import checks
-from moespec.cli.app import app
-from moespec.cli.checks import ROUTING_HELP, interval, model_spec, output_file, routing_file
+from moespec.cli.app import app, cli_console
+from moespec.cli.checks import ROUTING_HELP, backend_name, interval, model_spec, output_file, routing_file
 
 
 def parse_n_range(text: str) -> tuple[int, int]:
@@ -34,37 +33,78 @@ def _n_range(text: str) -> str:
     return text
 
 
+TRACE_BACKEND_HELP = ("llama.cpp (default for a .gguf file when moespec[llama] is installed): the routing llama.cpp "
+                      "computes for the file itself, read while it evaluates it; torch: through transformers (a .gguf "
+                      "file dequantized)")
+
+
+def _on_llama(model: str, backend: str | None, torch_only: dict[str, object]) -> bool:
+    """Whether `model` is traced on llama.cpp; refuses options that apply to the torch backend only."""
+    from moespec.models.specs import resolve_backend
+
+    if resolve_backend(model, backend or "auto") != "llama.cpp":
+        return False
+    given = [name for name, value in torch_only.items() if value]
+    if given:
+        raise typer.BadParameter(f"{', '.join(given)} apply to the torch backend; {model} is traced on llama.cpp "
+                                 "(add --backend torch to read it through transformers)")
+    return True
+
+
+def _progress(total: int) -> Progress:
+    return Progress(TextColumn("tracing"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                    TimeRemainingColumn())
+
+
 @app.command()
 def trace(
-    model: str = typer.Option(..., "--model", callback=model_spec, help="synthetic:NAME or a local checkpoint folder"),
+    model: str = typer.Option(..., "--model", callback=model_spec,
+                              help="synthetic:NAME, trained:NAME, a local checkpoint folder or a .gguf file"),
     corpus: Optional[list[Path]] = typer.Option(None, "--corpus", exists=True, dir_okay=False,
                                                 help="UTF-8 text files (default: the built-in corpus)"),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", callback=interval(1),
                                              help="stop after this many tokens in all"),
     out: Path = typer.Option(..., "--out", callback=output_file, help="the Parquet trace to write"),
-    dtype: str = typer.Option("float32", callback=checks.dtype, help="model dtype"),
+    dtype: str = typer.Option("float32", callback=checks.dtype, help="model dtype (torch)"),
     chunk: int = typer.Option(512, callback=interval(1),
                               help="tokens per forward pass; the cache carries positions across chunks"),
-    weights: bool = typer.Option(False, help="also store the router's weights of the selected experts"),
+    weights: bool = typer.Option(False, help="also store the router's weights of the selected experts (torch)"),
     seed: int = typer.Option(0, callback=interval(0), help="seed of a synthetic preset's weights"),
     routing: Optional[Path] = typer.Option(None, "--routing", callback=routing_file, help=ROUTING_HELP),
-    for_gguf: Optional[Path] = typer.Option(None, "--for-gguf", exists=True, dir_okay=False, help="label the trace "
-                                            "with this GGUF file (its identity and expert bytes in its own type), for "
-                                            "the chain on llama.cpp: --model is the model the file was exported from, "
-                                            "or the file itself (read dequantized by transformers)"),
+    for_gguf: Optional[Path] = typer.Option(None, "--for-gguf", exists=True, dir_okay=False, help="with --backend "
+                                            "torch: label the trace with this GGUF file (its identity and expert bytes "
+                                            "in its own type); --model is the model the file was made from"),
+    backend: Optional[str] = typer.Option(None, "--backend", callback=backend_name, help=TRACE_BACKEND_HELP),
+    threads: Optional[int] = typer.Option(None, "--threads", callback=interval(1),
+                                          help="llama.cpp's threads (default: all cores)"),
 ) -> None:
     """Record the experts each token selects in every MoE layer, reading a corpus by teacher forcing."""
-    from moespec.models import load
     from moespec.moe.corpus import default_corpus, read_corpus
-    from moespec.moe.routing import record_to_file, tokenize
 
     texts = read_corpus(corpus) if corpus else default_corpus()
     names = [str(p) for p in corpus] if corpus else ["moespec:data/corpus"]
+    if _on_llama(model, backend, {"--weights": weights, "--routing": routing, "--for-gguf": for_gguf,
+                                  "--dtype": dtype != "float32"}):
+        from moespec.bench.llama_chain import record_gguf_routing
+        from moespec.models import gguf
+
+        path = gguf.resolve(model)
+        with _progress(0) as progress:
+            task = progress.add_task("trace", total=max_tokens)
+            n_docs, n_tokens = record_gguf_routing(path, out, texts=texts, tokens=max_tokens, threads=threads,
+                                                   chunk=chunk, corpus=names,
+                                                   on_tokens=lambda t: progress.advance(task, t))
+        cli_console().print(f"wrote {out}: {n_docs} documents, {n_tokens} tokens (routing read from llama.cpp)")
+        return
+    if threads is not None:
+        raise typer.BadParameter("--threads sets llama.cpp's threads; the torch backend uses torch's")
+    from moespec.models import load
+    from moespec.moe.routing import record_to_file, tokenize
+
     net, tok = load(model, dtype=dtype, seed=seed, routing=routing, backend="torch")
     docs = tokenize(tok, texts, max_tokens)
     total = sum(len(ids) for _, ids in docs)
-    with Progress(TextColumn("tracing"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
-                  TimeRemainingColumn()) as progress:
+    with _progress(total) as progress:
         task = progress.add_task("trace", total=total)
         n_docs, n_tokens = record_to_file(
             net, docs, out, chunk=chunk, model_spec=model, corpus=names, with_weights=weights,
@@ -78,12 +118,13 @@ def trace(
             label_with_file(RoutingTrace.load(out), for_gguf, model).save(out)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
-    Console().print(f"wrote {out}: {n_docs} documents, {n_tokens} tokens")
+    cli_console().print(f"wrote {out}: {n_docs} documents, {n_tokens} tokens")
 
 
 @app.command("trace-verified")
 def trace_verified(
-    model: str = typer.Option(..., "--model", callback=model_spec, help="synthetic:NAME or a local checkpoint folder"),
+    model: str = typer.Option(..., "--model", callback=model_spec,
+                              help="synthetic:NAME, trained:NAME, a local checkpoint folder or a .gguf file"),
     depth: Optional[list[int]] = typer.Option(None, "--depth", callback=interval(1), help="context depth d, as given "
                                               "to `moespec measure` (repeatable; default 512)"),
     prompts: int = typer.Option(1, "--prompts", callback=interval(1, PROMPT_COUNT),
@@ -95,9 +136,12 @@ def trace_verified(
                                "given to `moespec measure`"),
     out: Path = typer.Option(Path("verified.parquet"), "--out", callback=output_file,
                              help="the Parquet trace to write"),
-    dtype: str = typer.Option("float32", callback=checks.dtype, help="model dtype"),
+    dtype: str = typer.Option("float32", callback=checks.dtype, help="model dtype (torch)"),
     seed: int = typer.Option(0, callback=interval(0), help="seed of a synthetic preset's weights"),
     routing: Optional[Path] = typer.Option(None, "--routing", callback=routing_file, help=ROUTING_HELP),
+    backend: Optional[str] = typer.Option(None, "--backend", callback=backend_name, help=TRACE_BACKEND_HELP),
+    threads: Optional[int] = typer.Option(None, "--threads", callback=interval(1),
+                                          help="llama.cpp's threads (default: all cores)"),
 ) -> None:
     """Record the routing of the tokens `moespec measure` verifies: for each depth and prompt, the
     target's greedy continuation of the prompt's first d tokens, as long as the verify passes read.
@@ -107,16 +151,26 @@ def trace_verified(
     from moespec.bench.verify import verified_routing
     from moespec.models import load
 
-    net, tok = load(model, dtype=dtype, seed=seed, routing=routing)
     length = continuation_length(reps, n_max, stride)
+    record = None
+    if _on_llama(model, backend, {"--routing": routing, "--dtype": dtype != "float32"}):
+        from moespec.bench.llama_chain import gguf_routing
+        from moespec.models import gguf
+
+        path = gguf.resolve(model)
+        net, tok = load(model, backend="llama.cpp", threads=threads)
+        record = lambda docs, chunk, corpus: gguf_routing(path, docs, threads=threads, chunk=chunk,  # noqa: E731
+                                                          corpus=corpus)
+    else:
+        net, tok = load(model, dtype=dtype, seed=seed, routing=routing, backend="torch")
     try:
         trace = verified_routing(net, tok, depths=depth or (512,), prompts=prompts, n_max=n_max, length=length,
-                                 model_spec=model)
+                                 model_spec=model, record=record)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
     trace.save(out)
-    Console().print(f"wrote {out}: {len(trace.documents)} continuations of {length} tokens "
-                    f"({', '.join(trace.doc_ids)})")
+    cli_console().print(f"wrote {out}: {len(trace.documents)} continuations of {length} tokens "
+                        f"({', '.join(trace.doc_ids)})")
 
 
 def _cell(value: float, lo: float, hi: float) -> str:
@@ -152,7 +206,7 @@ def reuse_command(
             _cell(a.u_bar.value[i], a.u_bar.lo[i], a.u_bar.hi[i]),
             _cell(a.distinct_share.value[i], a.distinct_share.lo[i], a.distinct_share.hi[i]),
         )
-    Console().print(table)
+    cli_console().print(table)
     if out is not None:
         from moespec.bench.lineage import identity
         from moespec.provenance import trace_fingerprint
@@ -161,9 +215,9 @@ def reuse_command(
                    "provenance": {**identity(tr), "trace": trace_fingerprint(tr)},
                    "n_range": [first, last], "analysis": a.to_dict()}
         artifacts.write(out, "reuse", payload)
-        Console().print(f"wrote {out}")
+        cli_console().print(f"wrote {out}")
     if figure is not None:
         from moespec.report.fig_reuse import plot_reuse
 
         plot_reuse([(tr.model or trace_path.stem, a)], figure)
-        Console().print(f"wrote {figure}")
+        cli_console().print(f"wrote {figure}")
