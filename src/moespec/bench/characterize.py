@@ -178,8 +178,11 @@ def characterize(
             del experts
     payload = summarize(records, trace, layer_ids, n_values)
     if target.get("experts") == "llama.cpp":  # a GGUF file: its dense products too, for the calibrated g(n)
+        from moespec.models import gguf_info
+
         payload["dense"] = dense_times(label, n_values, target["options"]["threads"], warmup=warmup, flush=flusher,
                                        seed=seed)
+        gguf_info.forget()  # its tensors are copied and timed: unmap the file's pages read to copy them
     payload.update(
         model=label,
         provenance=provenance,

@@ -25,7 +25,7 @@ from moespec import artifacts
 from moespec.bench import sweep, verify
 from moespec.bench.lineage import PER_POINT, check_chain, of_model
 from moespec.bench.measure_base import base_knobs, base_payload
-from moespec.bench.prompts import PROMPT_COUNT, STRIDE
+from moespec.bench.prompts import PROMPT_COUNT, STRIDE, continuation_length
 from moespec.bench.verify_times import ScalingCurve
 from moespec.costmodel.predict import ACCEPTANCE_GRID
 from moespec.kernel_names import DEDUP, ENGINE_KERNELS
@@ -98,6 +98,17 @@ class MeasureConfig:
     def full(cls, **overrides) -> "MeasureConfig":
         paper = dict(depths=(512, 4096), prompts=6, reps=5, new_tokens=256, oracle_kernels=ENGINE_KERNELS)
         return cls(**{**paper, **overrides})
+
+    @property
+    def positions(self) -> int:
+        """The most cache positions a pass of this measurement reaches: the deepest prompt, then the
+        longest of the verify continuation, the scaling passes, the oracle runs and the draft sweep's,
+        and one round's drafts beyond (what a llama.cpp context must hold, `_Run.loaded`)."""
+        verify_tokens = continuation_length(self.reps, max(self.ns), self.stride)
+        oracle = max(sweep.oracle_budget(k, self.new_tokens, self.oracle_steps)[0] for k in self.ks)
+        oracle += self.oracle_start_stride * (self.oracle_reps - 1)
+        drafts = max((*self.ks, *self.draft_ks), default=0)
+        return max(self.depths) + max(verify_tokens, oracle, max(self.scaling_ns, default=1), self.new_tokens) + drafts + 1
 
     @classmethod
     def preset(cls, full: bool, **overrides) -> "MeasureConfig":

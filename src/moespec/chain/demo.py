@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -110,14 +110,61 @@ class DemoConfig:
         return asdict(self)
 
 
+def demo_setup(out_dir: str | Path, *, model: str | None = None, backend: str | None = None, smoke: bool = False,
+               full: bool = False, layers: int | None = None, routing: str | None = None, gguf_type: str | None = None,
+               threads: int | None = None, measure: dict | None = None) -> tuple[DemoConfig, Path]:
+    """The config and run folder `moespec demo`'s options name. A .gguf model is the model: the chain
+    runs it on llama.cpp in `out_dir` (at smoke settings with `smoke`); another model runs on torch in
+    `out_dir`, or with backend "llama.cpp" exported to GGUF (`gguf_type`, default q8_0) in
+    `out_dir`/llama.cpp, beside the torch run it is reported with. `measure` overrides knobs of the
+    measurement (oracle_reps, reps)."""
+    from moespec.models.gguf import is_gguf
+    from moespec.report.build import LLAMA_FOLDER
+
+    if smoke and full:
+        raise ValueError("--smoke and --full exclude each other")
+    gguf = model is not None and is_gguf(model)
+    backend = backend or ("llama.cpp" if gguf else "torch")
+    if backend not in ("torch", "llama.cpp"):
+        raise ValueError(f"backend {backend!r}: choose torch or llama.cpp")
+    if gguf and backend == "torch":
+        raise ValueError(f"{model} is a GGUF file: its chain runs on llama.cpp, the engine that decodes it (drop "
+                         "--backend torch); for the torch chain give the transformers checkpoint it was made from")
+    if gguf and (layers is not None or gguf_type is not None):
+        raise ValueError(f"--layers and --gguf-type shape a model moespec builds or exports; {model} is used as it is")
+    if backend == "llama.cpp":
+        from moespec.backends import llama_lib
+        from moespec.models.gguf_export import FTYPES
+
+        if routing is not None:
+            raise ValueError("--routing replays routing on the torch backend; the llama.cpp chain runs the file's own "
+                             "routers")
+        if gguf_type is not None and gguf_type not in FTYPES:
+            raise ValueError(f"--gguf-type {gguf_type!r} is not one of {', '.join(FTYPES)}")
+        if not llama_lib.available():
+            raise ValueError(f"the chain on llama.cpp needs llama-cpp-python: {llama_lib.INSTALL_HINT}")
+    if smoke:  # olmoe-tiny has grouped-query attention, which llama.cpp's olmoe lacks: trained:olmoe there
+        config = DemoConfig.smoke(model=model or ("trained:olmoe" if backend == "llama.cpp" else "synthetic:olmoe-tiny"))
+    else:
+        make = DemoConfig.full_protocol if full else DemoConfig.demo
+        config = make(model=model or DemoConfig.model, layers=layers, routing=routing)
+    config = replace(config, backend=backend, gguf_type=gguf_type or DemoConfig.gguf_type,
+                     threads=threads if backend == "llama.cpp" else None,
+                     measure={**config.measure, **{k: v for k, v in (measure or {}).items() if v is not None}})
+    folder = Path(out_dir) / LLAMA_FOLDER if backend == "llama.cpp" and not gguf else Path(out_dir)
+    return config, folder
+
+
 @dataclass(frozen=True)
 class DemoResult:
-    """Where each artifact of the run lies, which steps ran (the rest were reused), and the summary."""
+    """Where each artifact of the run lies, which steps ran (the rest were reused), the summary and the
+    answer (`report.answer`: does speculation pay here, from which acceptance, at which k, how far to trust it)."""
 
     out_dir: Path
     ran: tuple[str, ...]
     seconds: dict
     summary: str
+    answer: str
 
     @property
     def report(self) -> Path:
@@ -136,10 +183,25 @@ def _measure_phase(cfg: DemoConfig, out: Path, *, base: bool, progress: bool, lo
                    **_phase_knobs(cfg, False, op_layers))
 
 
+CONTEXT_SLACK = 64  # positions beyond what the measurement's passes reach
+
+
+def _context(cfg: DemoConfig) -> int:
+    """llama.cpp's context for the demo's measurements: the positions both phases reach, so that the
+    KV cache is sized to the run, not to the file's trained context (a 16-layer OLMoE at 8192
+    positions holds 1 GB of cache)."""
+    from moespec.bench.measure import MeasureConfig
+
+    return CONTEXT_SLACK + max(MeasureConfig.preset(cfg.full, **_phase_knobs(cfg, base)).positions
+                               for base in (True, False))
+
+
 def _gguf(cfg: DemoConfig, out: Path) -> Path:
     """The GGUF file the llama.cpp chain runs: `model` itself, or its export into the run folder."""
-    if cfg.model.endswith(".gguf"):
-        return Path(cfg.model).expanduser()
+    from moespec.models.gguf import is_gguf, resolve
+
+    if is_gguf(cfg.model):
+        return resolve(cfg.model)
     return out / f"{cfg.model.replace(':', '-').replace('/', '-')}-{cfg.gguf_type}.gguf"
 
 
@@ -186,7 +248,8 @@ class _Run:
             from moespec.models import load
 
             cfg = self.config
-            self.held.extend(load(str(self.gguf), backend="llama.cpp", threads=cfg.threads) if cfg.llama else
+            self.held.extend(load(str(self.gguf), backend="llama.cpp", threads=cfg.threads, n_ctx=_context(cfg))
+                             if cfg.llama else
                              load(cfg.model, seed=cfg.seed, layers=cfg.layers, routing=self.routing,
                                   fast_linear=True))  # as `moespec generate` runs it
         return self.held[0], self.held[1]
@@ -209,7 +272,9 @@ def _torch_steps(run: _Run) -> list[Step]:
 def _inputs(run: _Run) -> list[Step]:
     """What the model needs before it can be built: the routing it replays, the file it is."""
     cfg, p = run.config, run.path
-    if cfg.llama and not cfg.model.endswith(".gguf"):
+    from moespec.models.gguf import is_gguf
+
+    if cfg.llama and not is_gguf(cfg.model):
         from moespec.bench.llama_chain import export_target
 
         return [("export", run.gguf, lambda: export_target(cfg.model, run.gguf, cfg.gguf_type))]
@@ -219,13 +284,13 @@ def _inputs(run: _Run) -> list[Step]:
 
 
 def _llama_steps(run: _Run) -> list[Step]:
-    """The chain's first steps on llama.cpp: the file's routing, the characterization of ggml's
-    expert operation on the file's tensors."""
+    """The chain's first steps on llama.cpp: the routing llama.cpp computes for the file, the
+    characterization of ggml's expert operation on the file's tensors."""
     from moespec.bench.llama_chain import record_gguf_routing
 
     cfg, p, gguf = run.config, run.path, run.gguf
-    source = None if cfg.model.endswith(".gguf") else cfg.model
-    return [("trace", p(TRACES), lambda: record_gguf_routing(gguf, p(TRACES), tokens=cfg.trace_tokens, source=source)),
+    return [("trace", p(TRACES), lambda: record_gguf_routing(gguf, p(TRACES), tokens=cfg.trace_tokens,
+                                                             threads=cfg.threads)),
             ("characterize", p(CHARACTERIZATION), lambda: _characterize(
                 str(gguf), cfg, p(TRACES), None, p(CHARACTERIZATION), run.progress))]
 
@@ -258,7 +323,8 @@ def _measure_steps(run: _Run, echo: Callable[[str], None]) -> list[Step]:
                 p(CHARACTERIZATION), p(TRACES), p(MEASUREMENT_BASE), sources=sources))),
             phase(MEASUREMENT, False),
             ("score", p(SCORE), lambda: artifacts.write(p(SCORE), SCORE_KIND, score_all(
-                artifacts.load(p(PREDICTION), PREDICT_KIND), p(MEASUREMENT))))]
+                artifacts.load(p(PREDICTION), PREDICT_KIND), p(MEASUREMENT), characterization=p(CHARACTERIZATION),
+                measurement_base=p(MEASUREMENT_BASE))))]
 
 
 STEP_NAMES = {MEASUREMENT_BASE: "measure-base", MEASUREMENT: "measure-sweep"}
@@ -281,7 +347,7 @@ def run_demo(
     dtype, N, m, L; the model is built to check); otherwise the run stops with
     `provenance.ProvenanceMismatch` naming both. `restart` first moves them and the point logs to
     `<name>.old`."""
-    from moespec.report.build import build_report
+    from moespec.report.build import ANSWER, build_report
 
     if config is None:
         config = DemoConfig.full_protocol(model=model) if full else DemoConfig.demo(model=model)
@@ -306,10 +372,12 @@ def run_demo(
     t0 = time.perf_counter()
     report = build_report(out, out=out / REPORT)
     summary = (out / "summary.txt").read_text(encoding="utf-8")
+    answer = (out / ANSWER).read_text(encoding="utf-8")
     seconds["report"] = time.perf_counter() - t0
-    echo(summary)
-    echo(f"report: {report}")
-    return DemoResult(out_dir=out, ran=tuple(ran), seconds=seconds, summary=summary)
+    echo(summary.removeprefix(answer))
+    echo(f"report: {report}; summary: {out / 'summary.txt'}\n")
+    echo(answer.rstrip())
+    return DemoResult(out_dir=out, ran=tuple(ran), seconds=seconds, summary=summary, answer=answer)
 
 
 def _step(name: str, path: Path, work: Callable[[], Any], echo: Callable[[str], None], ran: list,

@@ -29,7 +29,8 @@ from moespec.chain.versions import CalibratedOn, Unavailable, VersionUnavailable
 from moespec.bench.sweep_cells import cell_throughput, resample_throughput
 from moespec.bench.verify_times import VerifyTimes, pass_time
 from moespec.costmodel.fit import ExpertFit
-from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS, NonPositiveTime, Prediction, predict, window_times
+from moespec.costmodel.predict import (ACCEPTANCE_GRID, VERSIONS, NonPositiveTime, Prediction, predict,
+                                       preferred_version, window_times)
 from moespec.costmodel.score import Score, score
 from moespec.kernel_names import DEDUP, SLOT, TO_ENGINE
 from moespec.moe.traces import RoutingTrace
@@ -388,9 +389,14 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
     )
 
 
-def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str = "dedup") -> dict[str, Any]:
-    """Every available version at every depth scored: the "score" payload, unavailable entries as in predict's.
+def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str = "dedup", characterization=None,
+              measurement_base=None) -> dict[str, Any]:
+    """Every available version at every depth scored: the "score" payload, unavailable entries as in predict's,
+    and whether the machine was steady while it was measured (`bench.steadiness`: the sweep, the base
+    measurement's verify passes (else the measurement's), the characterization's dense products, when given).
     Refused unless the prediction and the measurement describe one model (`lineage.check_chain`)."""
+    from moespec.bench.steadiness import check
+
     meas = payload_of(measurement, "measure")
     pred = payload_of(prediction_payload, KIND)
     shared = check_chain({"prediction": pred, "measurement": meas})
@@ -404,7 +410,10 @@ def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str
             except VersionUnavailable as e:
                 scored["unavailable"][version] = e.to_dict()
         out.append(scored)
-    return {"model": pred.get("model"), "provenance": shared, "kernel": kernel, "depths": out}
+    steadiness = check(meas, None if characterization is None else payload_of(characterization, "characterize"),
+                       None if measurement_base is None else payload_of(measurement_base, "measure"))
+    return {"model": pred.get("model"), "provenance": shared, "kernel": kernel, "depths": out,
+            "steadiness": steadiness.to_dict()}
 
 
 def seed_step_times(path: str | Path, *, max_k: int, kernel: str = "auto", version: str = "calibrated",
@@ -419,10 +428,10 @@ def seed_step_times(path: str | Path, *, max_k: int, kernel: str = "auto", versi
     entry = entries.get(depth) if depth is not None else payload["depths"][0]
     if entry is None:
         raise ValueError(f"{path} predicts depths {sorted(entries)}, not {depth}; pass one of them")
-    versions = [version] + [v for v in VERSIONS if v != version]
-    found = next((entry["versions"][v] for v in versions if v in entry["versions"]), None)
-    if found is None:
+    chosen = preferred_version(entry["versions"], version)
+    if chosen is None:
         raise ValueError(f"{path} holds no predicted version at depth {entry['depth']}")
+    found = entry["versions"][chosen]
     V = found["V"].get(kernel)
     if V is None:
         raise ValueError(f"kernel {kernel!r} is not in {path}; use one of {sorted(found['V'])}")

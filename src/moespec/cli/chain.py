@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from moespec import artifacts
-from moespec.cli.app import app
+from moespec.cli.app import app, cli_console
 from moespec.cli.checks import interval, model_spec, output_file, output_folder, routing_file
 from moespec.kernel_names import COST_DEDUP, COST_KERNELS
 from moespec.chain.demo import DemoConfig
@@ -79,7 +77,7 @@ def predict_command(
         payload = predict_all(characterization, traces, measurement, sources=sources)
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
-    console = Console()
+    console = cli_console()
     console.print(_prediction_table(payload))
     _exit_if_empty(console, payload, "predicted")
     artifacts.write(out, KIND, payload)
@@ -104,7 +102,7 @@ def score_command(
         payload = score_all(artifacts.load(prediction, KIND), measurement, kernel=kernel)
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
-    console = Console()
+    console = cli_console()
     console.print(_score_table(payload))
     _exit_if_empty(console, payload, "scored")
     artifacts.write(out, SCORE_KIND, payload)
@@ -125,7 +123,7 @@ def report_command(
         path = build_report(run_dir, out=out or run_dir / "report.html")
     except FileNotFoundError as e:
         raise typer.BadParameter(str(e)) from e
-    console = Console()
+    console = cli_console()
     console.print((path.parent / "summary.txt").read_text(encoding="utf-8"))
     console.print(f"wrote {path}")
 
@@ -141,11 +139,13 @@ def demo_command(
     out_dir: Path = typer.Option(Path("moespec-demo"), "--out-dir", callback=output_folder,
                                  help="run folder; finished steps are reused"),
     full: bool = typer.Option(False, "--full", help="the paper's protocol: 6 prompts, 256 tokens, d = 512 and 4096"),
-    model: str = typer.Option("synthetic:olmoe-shaped", "--model", callback=model_spec,
-                              help="synthetic:NAME or a local checkpoint"),
+    model: Optional[str] = typer.Option(None, "--model", callback=model_spec,
+                                        help="your MoE model: a .gguf file (the chain runs it on llama.cpp), a local "
+                                             "checkpoint, or a preset (default synthetic:olmoe-shaped)"),
     layers: Optional[int] = typer.Option(None, "--layers", callback=interval(1),
                                          help="layers of a synthetic preset (default: the preset's)"),
-    smoke: bool = typer.Option(False, "--smoke", help="plumbing check in seconds on olmoe-tiny (tiny settings)"),
+    smoke: bool = typer.Option(False, "--smoke", help="plumbing check in seconds at tiny settings, on --model (default "
+                               "olmoe-tiny; trained:olmoe on llama.cpp)"),
     oracle_reps: Optional[int] = typer.Option(
         None, "--oracle-reps", min=1,
         help=f"repetitions of every oracle cell per prompt (demo: {_DEMO_MEASURE['oracle_reps']}); more lower the "
@@ -161,49 +161,26 @@ def demo_command(
     routing: Optional[str] = typer.Option(None, "--routing", callback=_demo_routing,
                                           help="'trained': the MoE layers replay the routing trained:olmoe chose on the "
                                                "corpus (recorded into the run folder first); or a trace file to replay"),
-    backend: str = typer.Option("torch", "--backend", help="torch, or llama.cpp: the chain on llama.cpp, on --model "
-                                "exported to GGUF (--gguf-type) or a .gguf --model, into OUT_DIR/llama.cpp; the report "
-                                "shows both backends side by side when both were run"),
-    gguf_type: str = typer.Option("q8_0", "--gguf-type", help="with --backend llama.cpp: f32, f16, q8_0 or q4_k"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="torch or llama.cpp (default: llama.cpp for a .gguf "
+                                          "--model, else torch). llama.cpp on a preset: --model exported to GGUF "
+                                          "(--gguf-type) into OUT_DIR/llama.cpp; the report shows both backends side "
+                                          "by side when both were run"),
+    gguf_type: Optional[str] = typer.Option(None, "--gguf-type", help="with --backend llama.cpp on a preset: f32, f16, "
+                                            "q8_0 (default) or q4_k"),
     threads: Optional[int] = typer.Option(None, "--threads", callback=interval(1),
-                                          help="with --backend llama.cpp: llama.cpp's threads (default: all cores)"),
+                                          help="llama.cpp's threads (default: all cores)"),
 ) -> None:
-    """The whole chain: trace → characterize → measure → predict → sweep → score → report."""
-    from moespec.chain.demo import run_demo
+    """The whole chain: trace → characterize → measure → predict → sweep → score → report, ending with
+    the answer: does speculation pay on this model and machine, from which acceptance, at which draft
+    length, with which settings, and how far to trust it."""
+    from moespec.chain.demo import demo_setup, run_demo
 
-    if smoke and full:
-        raise typer.BadParameter("--smoke and --full exclude each other")
-    console = Console()
-    if smoke:  # olmoe-tiny has grouped-query attention, which llama.cpp's olmoe lacks: trained:olmoe there
-        config = DemoConfig.smoke(**({"model": "trained:olmoe"} if backend == "llama.cpp" else {}))
-    else:
-        make = DemoConfig.full_protocol if full else DemoConfig.demo
-        config = make(model=model, layers=layers, routing=routing)
-    if backend not in ("torch", "llama.cpp"):
-        raise typer.BadParameter(f"--backend {backend!r}: choose torch or llama.cpp")
-    if backend == "llama.cpp":
-        from moespec.models.gguf_export import FTYPES
-
-        if gguf_type not in FTYPES:
-            raise typer.BadParameter(f"--gguf-type {gguf_type!r} is not one of {', '.join(FTYPES)}")
-        if routing is not None:
-            raise typer.BadParameter("--routing replays routing on the torch backend; drop it with --backend llama.cpp")
-        from moespec.backends import llama_lib
-
-        if not llama_lib.available():
-            raise typer.BadParameter(f"--backend llama.cpp needs llama-cpp-python: {llama_lib.INSTALL_HINT}")
-        config = replace(config, backend=backend, gguf_type=gguf_type, threads=threads)
-        from moespec.report.build import LLAMA_FOLDER
-
-        out_dir = out_dir / LLAMA_FOLDER
-    knobs = {"oracle_reps": oracle_reps, "reps": verify_reps}
-    config = replace(config, measure={**config.measure, **{k: v for k, v in knobs.items() if v is not None}})
+    console = cli_console()
     try:
-        result = run_demo(out_dir, config=config, progress=not smoke, restart=restart,
-                          echo=lambda text: console.print(text, markup=False, highlight=False))
+        config, out_dir = demo_setup(out_dir, model=model, backend=backend, smoke=smoke, full=full, layers=layers,
+                                     routing=routing, gguf_type=gguf_type, threads=threads,
+                                     measure={"oracle_reps": oracle_reps, "reps": verify_reps})
+        run_demo(out_dir, config=config, progress=not smoke, restart=restart,
+                 echo=lambda text: console.print(text, markup=False, highlight=False))
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
-    for name in ("prediction.json", "score.json"):
-        kind = "predict" if name == "prediction.json" else "score"
-        payload = artifacts.load(result.out_dir / name, kind)["payload"]
-        console.print(_prediction_table(payload) if kind == "predict" else _score_table(payload))

@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from moespec.cli.app import app
+from moespec.cli.app import app, cli_console
 from moespec.cli.checks import interval, output_file
 from moespec.cli.theory import _acceptances, _step_times
-from moespec.costmodel.predict import ACCEPTANCE_GRID, KERNELS, VERSIONS
+from moespec.costmodel.predict import ACCEPTANCE_GRID, KERNELS, PREFERENCE, VERSIONS, preferred_version
 from moespec.costmodel.settings import (
     DRAFT_PLACEHOLDER,
     ENGINES,
@@ -22,7 +21,6 @@ from moespec.costmodel.settings import (
 )
 from moespec.kernel_names import COST_DEDUP
 
-DEFAULT_VERSION = "calibrated"  # then the others in VERSIONS order, as `bench.prediction.seed_step_times` picks
 
 
 def _prediction_step_times(path: Path, version: str | None, kernel: str, depth: int | None) -> tuple[list, str, int]:
@@ -43,8 +41,7 @@ def _prediction_step_times(path: Path, version: str | None, kernel: str, depth: 
                                  param_hint="'--depth'")
     found = entry.get("versions", {})
     if version is None:
-        order = [DEFAULT_VERSION] + [v for v in VERSIONS if v != DEFAULT_VERSION]
-        version = next((v for v in order if v in found), None)
+        version = preferred_version(found)
         if version is None:
             why = "; ".join(f"{v}: {u.get('message')}" for v, u in entry.get("unavailable", {}).items())
             raise typer.BadParameter(f"{path} holds no predicted version at depth {entry['depth']} ({why or 'none'})",
@@ -80,7 +77,7 @@ def _summary(s) -> str:
 def settings(
     prediction: Annotated[Path | None, typer.Option(help="a predict artifact (moespec predict / demo)")] = None,
     version: Annotated[str | None, typer.Option(help=f"prediction version, one of {VERSIONS} (default: "
-                                                     f"{DEFAULT_VERSION}, else the first there)")] = None,
+                                                     f"{PREFERENCE[0]}, else the first of {PREFERENCE[1:]} there)")] = None,
     kernel: Annotated[str, typer.Option(help=f"kernel whose V̂(k) to use, one of {KERNELS}")] = COST_DEDUP,
     depth: Annotated[int | None, typer.Option(help="context depth of the prediction (default: its first)")] = None,
     step_times: Annotated[str | None, typer.Option(help="V(0),V(1),...,V(kmax) in ms, instead of --prediction")] = None,
@@ -114,7 +111,7 @@ def settings(
     grid = _acceptances(acceptance) if acceptance else [Fraction(str(a)) for a in ACCEPTANCE_GRID]
     result = recommend(V, grid, draft=draft, prompt_lookup=prompt_lookup, engines=engines)
 
-    console = Console()
+    console = cli_console()
     console.print(f"V̂(0..{len(V) - 1}) from {origin}: " + ", ".join(f"{float(v):.4g}" for v in V_ms) + " ms")
     console.print(f"a0 = {float(result.first_draft_threshold):.4g}; step points a_j = "
                   + ", ".join(f"{float(x):.4g}" for x in result.step_points)

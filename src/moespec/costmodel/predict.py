@@ -36,8 +36,16 @@ from moespec.kernel_names import COST_AUTO, COST_DEDUP, COST_KERNELS, COST_SLOT
 # The paper's grid (Sec. 4, App. D.2): 11 acceptance values from 0.2 to 0.98.
 ACCEPTANCE_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
 VERSIONS = ("prediction", "measured-time", "calibrated")
+# The version a user's answer and settings read: the one closest to the machine that is available.
+PREFERENCE = ("calibrated", "measured-time", "prediction")
 # "auto" runs, at each pass size, the kernel that the prediction says is faster.
 KERNELS = (*COST_KERNELS, COST_AUTO)
+
+
+def preferred_version(available, first: str | None = None) -> str | None:
+    """The first of `first` (when given) and PREFERENCE that `available` holds, else None."""
+    order = ([first] if first else []) + [v for v in PREFERENCE if v != first]
+    return next((v for v in order if v in available), None)
 
 
 class NonPositiveTime(ValueError):

@@ -16,11 +16,13 @@ from typing import Any
 from moespec import artifacts
 from moespec.bench.lineage import check_chain
 from moespec.moe.traces import read_header
+from moespec.report.answer import answer_blocks
 from moespec.report.html import Figure, Section, Table, render
 from moespec.report.summary import as_text, backends_table, crossover_shown, k_within_one, summary_blocks
 
 FILES = {"traces": "traces.parquet", "characterization": "characterization.json", "prediction": "prediction.json",
          "measurement": "measurement.json", "score": "score.json"}
+ANSWER = "answer.txt"  # the answer alone (`report.answer`), also the head of summary.txt
 LLAMA_FOLDER = "llama.cpp"  # where `moespec demo --backend llama.cpp` runs, inside the torch run folder
 KINDS = {"characterization": "characterize", "prediction": "predict", "measurement": "measure", "score": "score"}
 
@@ -141,7 +143,8 @@ def _both_backends(run_dir: Path, run: dict[str, Any]) -> Table | None:
 
 
 def build_report(run_dir: str | Path, out: str | Path = "report.html") -> Path:
-    """Write the HTML report of the run in `run_dir` to `out` and summary.txt beside it; returns `out`."""
+    """Write the HTML report of the run in `run_dir` to `out`, and beside it summary.txt (the answer,
+    then every scored figure) and answer.txt; returns `out`."""
     run_dir = Path(run_dir)
     run = _load_run(run_dir)
     if not run:
@@ -153,8 +156,11 @@ def build_report(run_dir: str | Path, out: str | Path = "report.html") -> Path:
     sides = _both_backends(run_dir, run)
     if sides is not None:
         summary.insert(0, sides)
-    (out.parent / "summary.txt").write_text(as_text(summary), encoding="utf-8")
-    sections = [Section("Summary", summary or ["nothing predicted or scored yet"])]
+    answer = answer_blocks(run)
+    (out.parent / "summary.txt").write_text(as_text(answer + summary), encoding="utf-8")
+    (out.parent / ANSWER).write_text(as_text(answer), encoding="utf-8")
+    sections = [Section("The answer", answer or ["nothing predicted yet"]),
+                Section("Summary", summary or ["nothing predicted or scored yet"])]
     with tempfile.TemporaryDirectory() as tmp:
         sections.append(Section("Figures", _figures(run, Path(tmp))))
         tables = ([_table1(run["characterization"])] if "characterization" in run else []) + _score_tables(run)

@@ -150,6 +150,20 @@ def _noise(scored: list) -> Table | None:
                  ["d", "version", "resamples", "k̂* within one", "max loss", "largest gap"], rows) if rows else None
 
 
+def _steadiness(run: dict) -> list:
+    """The machine's speed round by round in each timing phase (`bench.steadiness`), and, when it
+    moved enough to spoil the scores, the warning with the figure and the fix."""
+    found = run.get("score", {}).get("steadiness")
+    if not found:
+        return []
+    rows = [[p["name"], len(p["factors"]), p["slow_rounds"], f"{max(p['factors'], default=1):.2f}x",
+             Verdict("steady" if p["steady"] else "moved", p["steady"])] for p in found["phases"]]
+    table = Table(f"Machine steadiness: each timing phase's rounds, those {100 * found['slow']:.0f}% or more slower "
+                  f"than the phase's usual speed (flagged from {100 * found['slow_share']:.0f}% of the rounds), "
+                  "and the slowest", ["phase", "rounds", "slow rounds", "slowest", "verdict"], rows)
+    return [table] if found["steady"] else [f"WARNING: {found['message']}", table]
+
+
 def _unavailable(run: dict) -> Table | None:
     missing: dict[tuple[int, str], Any] = {}
     for source in ("prediction", "score"):
@@ -170,6 +184,9 @@ def summary_blocks(run: dict[str, Any]) -> list:
     depths = [e for e in run.get("score", {}).get("depths", []) if e["versions"]]
     scored = [(e["depth"], version, s) for e in depths for version, s in e["versions"].items()]
     measured = {e["depth"]: next(iter(e["versions"].values())) for e in depths}
+    steadiness = _steadiness(run)
+    if steadiness and isinstance(steadiness[0], str):  # a warning: before the scores it spoils
+        blocks += steadiness
     if scored:
         blocks += [*_goals(scored), _rules(scored)]
     if pred.get("depths"):
@@ -178,6 +195,8 @@ def summary_blocks(run: dict[str, Any]) -> list:
     blocks.append(_measured(run, measured))
     if scored:
         blocks += [_figures(scored), _noise(scored)]
+    if steadiness and not isinstance(steadiness[0], str):
+        blocks += steadiness
     blocks.append(_unavailable(run))
     return [b for b in blocks if b]
 

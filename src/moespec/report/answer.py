@@ -1,0 +1,89 @@
+"""The answer a user runs the chain for, in words and numbers: does speculation pay on this model and
+machine, from which acceptance, at which draft length, with which settings to paste, and how far
+to trust it (the score on sweeps the prediction never read, and whether the machine was steady).
+
+It reads the preferred prediction version (`costmodel.predict.preferred_version`) at the run's first
+depth: V̂(k) of the kernel the engine runs (llama.cpp: its grouped mul_mat_id, "dedup"; torch: the
+faster at each n, "auto"), a0 = V̂(1)/V̂(0) − 1 (B.4), k̂*(a) and speedup (9) on the grid, and
+llama.cpp's settings from `costmodel.settings.recommend`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moespec.costmodel.predict import preferred_version
+from moespec.costmodel.settings import DRAFT_PLACEHOLDER, recommend
+from moespec.report.html import Table
+from moespec.report.summary import LOSS_GOAL, TAU_GOAL, goals
+
+
+def _engine(run: dict[str, Any]) -> tuple[str, str, Any]:
+    """(engine, its kernel's name in the prediction, threads) of the run's measurement."""
+    prov = run.get("measurement", {}).get("provenance", {})
+    if prov.get("experts") == "llama.cpp":
+        return "llama.cpp", "dedup", prov.get("options", {}).get("threads")
+    return "torch", "auto", None
+
+
+def _steps(a0: float, points: list[float], kmax: int) -> str:
+    """"k = 1 from a = 0.26, k = 2 from a = 0.73, ..." from the step points a_j (B.31); 1 means never."""
+    said = [f"k = {j} from a = {x:.2f}" for j, x in enumerate(points, start=1) if x < 1]
+    return ", ".join(said) if said else f"no k of 1..{kmax} within a < 1"
+
+
+def answer_blocks(run: dict[str, Any]) -> list:
+    """The answer (module docstring) as paragraphs and one Table; [] before a prediction exists."""
+    pred = run.get("prediction")
+    if not pred or not pred.get("depths"):
+        return []
+    entry = pred["depths"][0]
+    version = preferred_version(entry["versions"])
+    if version is None:
+        return []
+    engine, kernel, threads = _engine(run)
+    p = entry["versions"][version]
+    V, acceptance = p["V"][kernel], p["acceptance"]
+    a0, k_star, gain = p["a0"][kernel], p["k_star"][kernel], p["speedup"][kernel]
+    where = f"{engine}{f', {threads} thread' + 's' * (threads != 1) if threads else ''}, context depth {entry['depth']}"
+    model = run.get("measurement", {}).get("provenance", {}).get("model") or pred.get("model", "the model")
+    if a0 >= 1:
+        verdict = (f"speculation does not pay: no draft length beats plain decoding at any acceptance a < 1 "
+                   f"(a0 = V̂(1)/V̂(0) − 1 = {a0:.2f}); decode plainly.")
+    else:
+        best = max(range(len(acceptance)), key=lambda i: gain[i])
+        verdict = (f"speculation pays once your draft's acceptance rate is above a0 = {a0:.2f}; below it, decode "
+                   f"plainly (k = 0). Above it the best draft length grows with acceptance "
+                   f"({_steps(a0, p['step_points'][kernel], len(V) - 1)}); at a = {acceptance[best]:.2f} it predicts "
+                   f"{gain[best]:.2f}x plain decoding's tokens per second.")
+    blocks: list = [f"The answer for {model} on this machine ({where}), from the {version} prediction: {verdict}"]
+    rec = recommend(V, acceptance, engines=("llama.cpp",))
+    rows = [[f"{a:.2f}", k, f"{g:.2f}x", r.engine("llama.cpp").fragment]
+            for a, k, g, r in zip(acceptance, k_star, gain, rec.rows)]
+    blocks.append(Table(f"Best draft length k̂*(a), predicted speedup and llama-server's settings at each acceptance "
+                        f"a of your draft ({DRAFT_PLACEHOLDER}: your draft's GGUF file; `moespec settings "
+                        f"--prediction prediction.json --draft FILE` writes them for vLLM and SGLang too)",
+                        ["a", "k̂*", "speedup", "llama-server settings"], rows))
+    blocks.append(_trust(run, entry["depth"], version))
+    return blocks
+
+
+def _trust(run: dict[str, Any], depth: int, version: str) -> str:
+    """How far to trust the answer: the version's score out of sample, and the machine's steadiness."""
+    score = run.get("score", {})
+    scored = next((e["versions"].get(version) for e in score.get("depths", []) if e["depth"] == depth), None)
+    steadiness = score.get("steadiness")
+    if scored is None:
+        said = "it has not been scored against this machine's sweep yet (run the chain to its score step)."
+    else:
+        g = goals(scored)
+        within, loss, tau = g["k_within_one"], g["loss"], g["tau"]
+        trusted = within[1] and loss[1] and tau[1]
+        said = (f"scored on this machine against oracle-sweep runs and verify passes it never read, k̂* was within one "
+                f"of the measured best at {within[0]} of {len(scored['acceptance'])} acceptances, lost at most "
+                f"{100 * loss[0]:.1f}% of the best throughput (goal {100 * LOSS_GOAL:.0f}%), and its verify times were "
+                f"off by {100 * tau[0]:.1f}% (goal {100 * TAU_GOAL:.0f}%): "
+                + ("trust it as measured." if trusted else "trust its broad shape more than its exact values."))
+    if steadiness is not None:
+        said += " " + steadiness["message"][0].upper() + steadiness["message"][1:] + "."
+    return "How far to trust it: " + said

@@ -1,0 +1,53 @@
+"""The answer at the head of the summary (`report.answer`), on a run whose step times are known:
+V = 10, 12, 13.5 ms gives a0 = 12/10 - 1 = 0.2; at a = 0.5, G(1)/V(1) = 1.5/12 = 0.125 and
+G(2)/V(2) = 1.75/13.5 = 0.130 beat 1/10, so k* = 2; at a = 0.1 plain decoding wins."""
+
+from moespec.report.answer import answer_blocks
+from moespec.report.html import Table
+from moespec.report.summary import as_text
+
+
+def said(blocks) -> str:
+    return " ".join(as_text(blocks).split())  # the paragraphs as words, however they were wrapped
+
+V = [0.010, 0.012, 0.0135]
+A = [0.1, 0.5]
+
+
+def run(steady: bool = True, loss: float = 0.02) -> dict:
+    version = {"V": {"dedup": V}, "acceptance": A, "a0": {"dedup": 0.2}, "step_points": {"dedup": [0.2, 0.4]},
+               "k_star": {"dedup": [0, 2]}, "speedup": {"dedup": [1.0, 1.75 / 13.5 / 0.1]}}
+    scored = {"acceptance": A, "k_star_predicted": [0, 2], "k_star_measured": [0, 1], "loss": [0.0, loss],
+              "tau_error_dedup": 0.04, "oracle_gap": [0.0, 0.01]}
+    steadiness = {"steady": steady, "message": "the machine was steady while it was measured" if steady else
+                  "the machine's speed moved while it was measured, enough to spoil the scores: oracle sweep: 8 of "
+                  "36 rounds ran 25% or more slower. The fix: rerun on an idle machine"}
+    return {"prediction": {"model": "olmoe.gguf", "depths": [{"depth": 512, "versions": {"calibrated": version}}]},
+            "measurement": {"provenance": {"experts": "llama.cpp", "options": {"threads": 2}}},
+            "score": {"depths": [{"depth": 512, "versions": {"calibrated": scored}}], "steadiness": steadiness}}
+
+
+def test_the_answer_says_from_which_acceptance_and_at_which_draft_length():
+    text = said(answer_blocks(run()))
+    assert "The answer for olmoe.gguf on this machine (llama.cpp, 2 threads, context depth 512)" in text
+    assert "above a0 = 0.20" in text and "k = 1 from a = 0.20, k = 2 from a = 0.40" in text
+    table = next(b for b in answer_blocks(run()) if isinstance(b, Table))
+    rows = {r[0]: r for r in table.rows}
+    assert rows["0.10"][1] == 0 and rows["0.10"][3] == "--spec-type none"
+    assert rows["0.50"][1] == 2 and "--spec-draft-n-max 2" in rows["0.50"][3] and "-md DRAFT_MODEL" in rows["0.50"][3]
+
+
+def test_the_answer_says_how_far_to_trust_it():
+    trusted = said(answer_blocks(run()))
+    assert "within one of the measured best at 2 of 2 acceptances" in trusted and "trust it as measured" in trusted
+    assert "The machine was steady" in trusted
+    busy = said(answer_blocks(run(steady=False, loss=0.12)))
+    assert "lost at most 12.0%" in busy and "broad shape" in busy
+    assert "8 of 36 rounds" in busy and "rerun on an idle machine" in busy
+
+
+def test_no_draft_length_pays_below_one():
+    r = run()
+    r["prediction"]["depths"][0]["versions"]["calibrated"]["a0"]["dedup"] = 1.3
+    assert "speculation does not pay" in said(answer_blocks(r))
+    assert answer_blocks({"measurement": {}}) == []
