@@ -16,8 +16,10 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tests/converted.py builds the files
+HERE = Path(__file__).resolve().parent
+# benchmarks/llama_cpp.py would shadow the llama_cpp package: keep this folder off the path; the
+# repository root on it, for tests/converted.py, which builds the files
+sys.path[:] = [str(HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
 TOKENS = 400
 
