@@ -42,12 +42,22 @@ def test_outputs_are_the_last_rows_of_the_same_pass(gguf_files):
 
 
 def test_plain_one_token_passes_follow_llamas_own_choice_of_kernels(gguf_files):
-    """Without ExactPasses a one-token pass is llama.cpp's own (`capacity`, `length`, `tokens` kept)."""
-    with LlamaModel(gguf_files["olmoe-q8_0"], threads=1, n_ctx=64) as m:
+    """Without ExactPasses a one-token pass is llama.cpp's own (`capacity`, `length`, `tokens` kept). On
+    f32 it runs ggml's dot products and the same token in a two-token pass llamafile's sgemm (in the
+    output layer too when both rows ask for logits): logits that differ by rounding. (On the q8_0 export
+    the two kernels happen to agree bit for bit.)"""
+    path = gguf_files["olmoe-f32"]
+    with LlamaModel(path, threads=1, n_ctx=64) as m, LlamaModel(path, threads=1, n_ctx=64) as pair:
         assert m.capacity >= 64 and m.architecture == "olmoe" and m.vocab_limit == ByteTokenizer.vocab_size
         m.extend(torch.tensor([256, 100, 101]))
-        m.extend(torch.tensor([102]))
+        one = m.extend(torch.tensor([102]))
         assert m.length == 4 and m.tokens == [256, 100, 101, 102]
+        for rows in (1, 2):  # the same token after the same prefill, in a two-token pass of one or two output rows
+            pair.reset()
+            pair.extend(torch.tensor([256, 100, 101]))
+            pair.truncate(2)
+            two = pair.extend(torch.tensor([101, 102]), outputs=rows)[-1:]
+            assert not torch.equal(one, two) and float((one - two).abs().max()) < 1e-3, (rows, (one - two).abs().max())
         m.truncate(9)  # longer than the cache: a no-op
         assert m.length == 4
         m.truncate(1)

@@ -69,9 +69,14 @@ def test_the_routing_carries_the_files_identity_and_its_own_expert_bytes(chains)
 def test_the_characterization_times_both_reads_through_ggml(chains):
     out, _, _ = chains
     char = _payload(out / "llama.cpp", "characterization.json", "characterize")
+    gguf = out / "llama.cpp" / "trained-olmoe-q8_0.gguf"
+    # ggml's expert operation of this file (`bench.ggml_expert_op`), not transformers' experts module
+    prov = char["provenance"]
+    assert prov["experts"] == "llama.cpp" and Path(char["model"]).resolve() == gguf.resolve()
+    assert prov["fingerprint"] == gguf_info.fingerprint(gguf) and prov["dtype"] == "q8_0"
     kernels = {p["kernel"] for p in char["points"]}
     assert kernels == {"slot", "dedup"}
-    b = gguf_info.expert_bytes(out / "llama.cpp" / "trained-olmoe-q8_0.gguf")[0]
+    b = gguf_info.expert_bytes(gguf)[0]
     assert {p["b"] for p in char["points"]} == {b}
     assert all(p["timing"]["median"] > 0 for p in char["points"])
 

@@ -25,6 +25,9 @@ from tests.conftest import require_llama
 BOUND = 0.05
 MOE_BOUND = 1.0
 TOKENS = 256
+# median |logit difference| from transformers' f32 logits of trained:olmoe per quantized type (observed on
+# 64 held-out tokens: 0.002, 0.08, 0.13; on 256 the argmax moved only where the margin was under 0.08)
+QUANTIZED_MEDIAN = {"f16": 0.01, "q8_0": 0.2, "q4_k": 0.4}
 
 
 def _agree(model, path, ids: list[int]) -> torch.Tensor:
@@ -82,15 +85,18 @@ def test_shaped_presets_export_at_their_widths(name, tmp_path):
 
 
 def test_quantized_exports_shrink_and_decode(tmp_path, gguf_files):
+    """Each type's file is smaller and decodes the same model: transformers' argmax wherever its top-2
+    margin exceeds 2 * BOUND (`_agree`), the median |logit difference| within the type's bound."""
+    model, _ = load("trained:olmoe", dtype="float32")
+    ids = heldout_slice()[:64].tolist()
     sizes = {"f32": gguf_files["olmoe-f32"].stat().st_size}
-    for kind in ("f16", "q8_0", "q4_k"):
+    for kind, bound in QUANTIZED_MEDIAN.items():
         out = tmp_path / f"olmoe-{kind}.gguf"
         r = CliRunner().invoke(app, ["export-gguf", "trained:olmoe", str(out), "--type", kind, "--threads", "1"])
         assert r.exit_code == 0, r.output
         sizes[kind] = out.stat().st_size
-        m = LlamaModel(out, threads=1, n_ctx=64)
-        logits = m.extend(torch.tensor(heldout_slice()[:16].tolist()))
-        assert torch.isfinite(logits).all()
+        diff = _agree(model, out, ids)
+        assert float(diff.median()) <= bound, (kind, float(diff.median()))
     assert sizes["f32"] > sizes["f16"] > sizes["q8_0"] > sizes["q4_k"]
 
 

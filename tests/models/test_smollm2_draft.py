@@ -81,7 +81,6 @@ def test_the_recipe_trains_on_smollm2s_tokens_and_logits(smollm2, tmp_path, monk
     r = dataclasses.replace(RECIPES["tiny-smollm2-draft"], teacher_dtype="float32")
     m = train("tiny-smollm2-draft", tmp_path / "run", r=r, threads=1, teacher=model)
     assert m["tokenizer"] == "smollm2" and m["tokens_seen"] == r.steps * r.batch * r.seq
-    assert 0 <= m["held_out_teacher_agreement"]["code"] <= 1
     # The teacher labels every step's batch, and its logits are the labels: the same training
     # again gives the same weights (so any difference below is the labels'), and one on the
     # teacher's logits moved by one vocabulary id gives other weights in every trained tensor.
