@@ -33,6 +33,9 @@ class Recorder:
     def commit(self, keep):
         self.inner.commit(keep)
 
+    def identity(self):
+        return self.inner.identity()
+
 
 CASES = {  # name: (proposer factory, sampling keywords)
     "draft-greedy": (lambda lm: DraftModel(lm), {}),
@@ -105,6 +108,9 @@ class Fixed:
 
     def commit(self, keep):
         pass
+
+    def identity(self):
+        return None  # no key: k="auto" would decode cold
 
 
 def test_the_loop_rejects_from_marked_from_for_any_proposer(table_lm):

@@ -62,6 +62,11 @@ class ExactPasses:
         self._last.extend(tokens.tolist())
         return logits
 
+    def identity(self) -> dict | None:
+        """The inner model's, marked: this wrapper runs other passes than its model (None stays None)."""
+        inner = self.inner.identity()
+        return None if inner is None else {**inner, "wrapper": type(self).__name__}
+
     def __repr__(self) -> str:
         return f"ExactPasses({self.inner!r})"
 

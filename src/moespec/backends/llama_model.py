@@ -169,6 +169,15 @@ class LlamaModel:
             b.logits[i] = i >= first_out
         return len(chunk) - max(first_out, 0) if first_out < len(chunk) else 0
 
+    def identity(self) -> dict:
+        """What its pass times depend on: the file (its resolved path and `provenance.file_fingerprint`,
+        which reads 4 MiB of it) and llama.cpp's threads."""
+        from moespec.provenance import file_fingerprint
+
+        path = Path(self.path).resolve()
+        return {"backend": "llama.cpp", "gguf": str(path), "fingerprint": file_fingerprint(path),
+                "threads": self.threads}
+
     def close(self) -> None:
         """Free llama.cpp's batch, context and model (idempotent)."""
         L = self._L

@@ -8,6 +8,8 @@ A `SpecModel` is a causal LM with a KV cache of one sequence:
   contract that makes the cleanup after a rejection uniform;
 - `length`, positions held; `width` W, logits per position (padded rows included); `vocab_limit`,
   the ids a decode may produce (None: all W); `reset()`; `forward_s`, seconds inside forward passes;
+- `identity()`, what its pass times depend on (its weights, settings, threads) as a JSON-safe dict,
+  the warm start's store key (`engine.step_store`); None: no key, k="auto" decodes cold;
 - optionally `capacity`, the most positions the cache can hold (None or absent: no limit).
 
 The decode loop, the proposers, the policies and the gate use nothing else, so a backend is one
@@ -40,6 +42,9 @@ class SpecModel(Protocol):
     def extend(self, tokens: torch.Tensor, outputs: int | None = None) -> torch.Tensor: ...
 
     def truncate(self, n: int) -> None: ...
+
+    def identity(self) -> dict | None:
+        """What this model's pass times depend on, as JSON values (the store's key of it); None: no key."""
 
 
 def as_spec_model(model) -> SpecModel:

@@ -53,6 +53,10 @@ class TableLM:
     def truncate(self, n: int) -> None:
         self.tokens = self.tokens[:n]
 
+    def identity(self) -> None:
+        """None: a test table's passes take no time worth remembering; k="auto" decodes cold."""
+        return None
+
     def fresh_logits(self) -> torch.Tensor:
         """Logits of every cached position recomputed from the tokens, [length, W]."""
         return self.A[self.tokens] + self.B[torch.arange(self.length) % 3]

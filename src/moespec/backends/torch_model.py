@@ -8,11 +8,14 @@ engine's own overhead is the wall time that remains.
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 
 from moespec.backends.protocol import output_rows
 from moespec.device import synchronize
+
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its model_fingerprint
 
 
 class CachedModel:
@@ -101,6 +104,21 @@ class CachedModel:
                 f"can be cropped; sliding-window layers past their window cannot be."
             ) from e
         self._length = n
+
+    def identity(self) -> dict:
+        """What its pass times depend on: `provenance.model_fingerprint` (config and weights, hashed once
+        per loaded module), dtype, device, experts implementation, linear-layer classes, routing
+        replay, and torch's threads."""
+        from moespec.provenance import model_fingerprint
+
+        module = self.model
+        if module not in _FINGERPRINTS:
+            _FINGERPRINTS[module] = model_fingerprint(module)
+        p = next(module.parameters())
+        return {"backend": "torch", "fingerprint": _FINGERPRINTS[module], "dtype": str(p.dtype),
+                "device": str(p.device), "experts": getattr(module.config, "_experts_implementation", None),
+                "linear": sorted({type(m).__name__ for m in module.modules() if isinstance(m, torch.nn.Linear)}),
+                "replay": getattr(module, "moespec_replay", None) is not None, "threads": torch.get_num_threads()}
 
     def __repr__(self) -> str:
         return f"CachedModel({type(self.model).__name__}, length={self._length})"

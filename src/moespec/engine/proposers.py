@@ -61,6 +61,11 @@ class Proposer(Protocol):
     def commit(self, keep: int) -> None:
         """The first `keep` tokens of the last context and its drafts are committed; drop state beyond."""
 
+    def identity(self) -> dict | None:
+        """What sets its drafts and their cost, for the warm start's store (`engine.step_store`):
+        {"proposer": its kind, "options": what sets its drafts, "draft": its model's
+        `SpecModel.identity()` or None}; None: no key, k="auto" decodes cold."""
+
 
 class DraftModel:
     """A second causal LM with its own KV cache (any backend); q is exactly the distribution each draft came from.
@@ -98,6 +103,11 @@ class DraftModel:
     def commit(self, keep: int) -> None:
         self._cache.truncate(keep)
 
+    def identity(self) -> dict | None:
+        """Its model's identity; None when the model has none."""
+        model = self._cache.identity()
+        return None if model is None else {"proposer": type(self).__name__, "options": {}, "draft": model}
+
 
 class PromptLookup:
     """Copies the continuation of the latest earlier match of the context's last n tokens (one-hot q).
@@ -129,6 +139,10 @@ class PromptLookup:
 
     def commit(self, keep: int) -> None:
         pass
+
+    def identity(self) -> dict:
+        """Its n-gram size: another n drafts other tokens, with an acceptance of its own."""
+        return {"proposer": type(self).__name__, "options": {"n": self.n}, "draft": None}
 
 
 STEP_BLOCK = 128  # draws per block of the oracle's stratified sequence (`stratified_uniforms`)
@@ -254,3 +268,7 @@ class OracleDraft:
 
     def commit(self, keep: int) -> None:
         pass
+
+    def identity(self) -> dict:
+        """Its acceptance a: the drafts are the target's own, marked wrong at rate 1 - a."""
+        return {"proposer": type(self).__name__, "options": {"acceptance": self.a}, "draft": None}
