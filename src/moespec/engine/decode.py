@@ -1,11 +1,10 @@
-"""The draft-verify loop (engine paper Algorithm 1 and Sec. 4, Cache choreography).
+"""`generate`: lossless speculative decoding of one sequence, read top to bottom.
 
-Invariant between rounds, with the committed sequence s of length L (prompt + new tokens): the
-target's cache holds s[:L-1] and the proposer's state a prefix of s. A round proposes x_1..x_k',
-extends the target once with [s[L-1], x_1..x_k'], so that its k'+1 logit rows are p_1..p_{k'+1}
-(row i predicts x_{i+1}), runs the accept walk, commits a accepted drafts and one recovered or
-bonus token, and truncates both caches back to the committed prefix. k = 0 or no draft is plain
-decoding through the same code: every round is then one target token.
+`generate` checks its arguments and sets the call up (the policy, the proposer, the sampler's width
+and vocabulary, the store's key); `_decode` is the timed part: `round.prefill`, the warm start
+(`engine.warm_start`), then `round.run_round` until the budget, an EOS or max_steps, each round's
+record counted by a `stats.RoundLog` and fed to the policy, which alone decides the next round's
+draft length.
 """
 
 from __future__ import annotations
@@ -18,9 +17,10 @@ import torch
 from moespec.backends.protocol import as_spec_model
 from moespec.device import peak_rss_bytes, synchronize
 from moespec.engine.policy import AutoK, make_policy
-from moespec.engine.proposers import DraftModel, Proposal, Proposer
+from moespec.engine.proposers import DraftModel, Proposer
+from moespec.engine.round import prefill, run_round
 from moespec.engine.sampling import Sampler, SamplingConfig
-from moespec.engine.stats import GenerationResult, Stats
+from moespec.engine.stats import GenerationResult, RoundLog
 from moespec.engine.warm_start import prepare, remember, resolve_mode, run_key, store_path
 
 
@@ -95,6 +95,23 @@ def _as_proposer(draft) -> Proposer | None:
     )
 
 
+def _eos_ids(eos_token_id: int | Sequence[int] | None) -> set[int]:
+    if eos_token_id is None:
+        return set()
+    return {int(eos_token_id)} if isinstance(eos_token_id, int) else set(eos_token_id)
+
+
+def _sampling_width(target, draft_cache, vocab_limit: int | None) -> tuple[int, int | None]:
+    """(W, vocab limit) of the sampler: the narrower output layer, and the limit given or declared."""
+    width = target.width if draft_cache is None else min(target.width, draft_cache.width)
+    if vocab_limit is None:
+        declared = [m.vocab_limit for m in (target, draft_cache) if m is not None and m.vocab_limit]
+        vocab_limit = min(declared) if declared else None
+    if vocab_limit is not None and vocab_limit > width:
+        raise ValueError(_narrow_message(vocab_limit, target.width, None if draft_cache is None else draft_cache.width))
+    return width, vocab_limit
+
+
 def generate(
     target,
     input_ids: Sequence[int] | torch.Tensor,
@@ -154,139 +171,72 @@ def generate(
         raise ValueError(f"max_steps must be >= 1 round (or None), got {max_steps}")
     config = SamplingConfig(temperature=float(temperature), top_k=top_k, top_p=top_p)
     prompt = _as_prompt(input_ids)
-    P = prompt.shape[0]
-    eos = set() if eos_token_id is None else {int(eos_token_id)} if isinstance(eos_token_id, int) else set(eos_token_id)
     tgt = as_spec_model(target)
     tgt.reset()
     proposer = _as_proposer(draft) if policy.max_k > 0 else None
     mode = resolve_mode(warm_start, policy, step_times) if proposer is not None else None
     key = run_key(tgt, proposer) if mode == "store" and store_path() is not None else None  # hashes weights once
     draft_cache = proposer.cache if proposer is not None else None
-    width = tgt.width if draft_cache is None else min(tgt.width, draft_cache.width)
-    if vocab_limit is None:
-        declared = [m.vocab_limit for m in (tgt, draft_cache) if m is not None and m.vocab_limit]
-        vocab_limit = min(declared) if declared else None
-    if vocab_limit is not None and vocab_limit > width:
-        raise ValueError(_narrow_message(vocab_limit, tgt.width, None if draft_cache is None else draft_cache.width))
+    width, vocab_limit = _sampling_width(tgt, draft_cache, vocab_limit)
     for role, m in (("target", tgt), ("draft", draft_cache)):
-        _check_room(role, m, P, max_new_tokens, policy.max_k)
+        _check_room(role, m, prompt.shape[0], max_new_tokens, policy.max_k)
     sampler = Sampler(config, width=width, vocab_limit=vocab_limit, seed=seed)
     if proposer is not None:
         proposer.begin(target=tgt, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler)
         tgt.forward_s = 0.0
+    return _decode(tgt, proposer, sampler, policy, prompt, max_new_tokens=max_new_tokens, max_steps=max_steps,
+                   eos=_eos_ids(eos_token_id), prefill_last=prefill_last, warm_mode=mode, key=key,
+                   clock=time.perf_counter)
 
+
+def _decode(target, proposer: Proposer | None, sampler: Sampler, policy, prompt: torch.Tensor, *,
+            max_new_tokens: int, max_steps: int | None, eos: set[int], prefill_last: bool, warm_mode: str | None,
+            key: dict | None, clock) -> GenerationResult:
+    """The timed part of `generate`: the prefill, the warm start, then rounds until max_new_tokens
+    tokens, an EOS or max_steps rounds. prompt: [P] int64."""
+    P = prompt.shape[0]
     seq = torch.empty(P + max_new_tokens + policy.max_k + 1, dtype=torch.long)  # committed tokens, room for a round
     seq[:P] = prompt
-    L = P
-    drafted, reached, accepted = ([0] * policy.max_k for _ in range(3))
-    per_round: list[int] = []
-    chosen: list[int] = []  # the policy's draft length for each round
-    round_s: list[float] = []
-    draft_s = verify_s = sampling_s = 0.0
-    stop = "max_new_tokens"
-    nothing = Proposal(seq[:0])  # the round of plain decoding
-    device = tgt.device if hasattr(tgt, "device") else None
+    device = getattr(target, "device", None)
     synchronize(device)
-    t_start = time.perf_counter()
-    ttft = 0.0
-    pending = None  # [1, V] logits at position L whose input is already cached: only after the prefill
+    log = RoundLog(policy.max_k, start=clock())
+    pending, warm = None, None  # pending: [1, W] the prefill's last row, the first round's row 0
     if max_new_tokens > 0:
-        if prefill_last:
-            pending = tgt.extend(prompt, outputs=1)  # the whole prompt in one pass
-        elif P > 1:
-            tgt.extend(prompt[:-1], outputs=1)  # the last prompt token counts as emitted, not yet fed
-        verify_s += time.perf_counter() - t_start
-    warm = None
-    if mode is not None and max_new_tokens > 0:
-        warm = prepare(mode, target=tgt, proposer=proposer, context=prompt, max_k=policy.max_k,
-                       max_new_tokens=max_new_tokens, key=key, clock=time.perf_counter)
-        if warm.V is not None:
-            policy.set_seed(warm.V, warm.anchors)
-        if warm.acceptance is not None:
-            policy.set_acceptance(warm.acceptance)
-        verify_s += warm.seconds - warm.draft_s  # the lookup and the target's passes, as the prefill
-        draft_s += warm.draft_s
-    while L - P < max_new_tokens:
-        if max_steps is not None and len(per_round) == max_steps:
+        pending = prefill(target, prompt, prefill_last=prefill_last)
+        log.add_passes(verify_s=clock() - log.start)
+        if warm_mode is not None:
+            warm = prepare(warm_mode, target=target, proposer=proposer, context=prompt, max_k=policy.max_k,
+                           max_new_tokens=max_new_tokens, key=key, clock=clock)
+            if warm.V is not None:
+                policy.set_seed(warm.V, warm.anchors)
+            if warm.acceptance is not None:
+                policy.set_acceptance(warm.acceptance)
+            log.add_passes(verify_s=warm.seconds - warm.draft_s, draft_s=warm.draft_s)  # as the prefill's
+    length, stop = P, "max_new_tokens"
+    while length - P < max_new_tokens:
+        if max_steps is not None and log.rounds == max_steps:
             stop = "max_steps"
             break
-        choice = policy.choose()
-        kk = min(choice, max_new_tokens - (L - P) - 1)  # a round emits up to kk+1 tokens: never past the budget
-        timed = pending is None  # a round whose first row came with the prefill is no step of V(k)
-        t0 = time.perf_counter()
-        proposal = proposer.propose(seq[:L], kk) if proposer is not None and kk > 0 else nothing
-        t1 = time.perf_counter()
-        x, n = proposal.tokens, proposal.tokens.shape[0]
-        if n > kk:
-            raise ValueError(f"{type(proposer).__name__}.propose returned {n} drafts for k={kk}; return at most k")
-        if pending is not None:  # row 0 came with the prefill; only the drafts need the target
-            logits = torch.cat((pending, tgt.extend(x))) if n else pending  # [n+1, V]
-            pending = None
-        else:  # the last committed token was emitted, not yet fed: feed it with the drafts
-            logits = tgt.extend(torch.cat((seq[L - 1: L], x)) if n else seq[L - 1: L])  # [n+1, V]
-        t2 = time.perf_counter()
-        a, nxt = sampler.verify(sampler.prepare(logits, position=L), x, proposal.q)
-        cut = proposal.marked_from
-        if cut is not None and cut < a:  # drafts from the marked one on count as rejected
-            a, nxt = cut, x[cut]  # the target accepted draft cut: it is the round's token there
-        t3 = time.perf_counter()
-        seq[L: L + a] = x[:a]
-        seq[L + a] = nxt
-        new = a + 1
-        if eos:
-            emitted = seq[L: L + new].tolist()
-            hit = next((j for j, tok in enumerate(emitted) if tok in eos), None)
-            if hit is not None:
-                new, a, stop = hit + 1, min(a, hit), "eos"
-        tgt.truncate(L + new - 1)
-        if proposer is not None:
-            proposer.commit(L + a)
-        for i in range(n):
-            drafted[i] += 1
-        for i in range(min(a + 1, n)):
-            reached[i] += 1
-        for i in range(a):
-            accepted[i] += 1
-        L += new
-        per_round.append(new)
-        round_s.append(time.perf_counter() - t0)
-        policy.update(n, a, min(a + 1, n), round_s[-1] if timed else None)
-        chosen.append(choice)
-        draft_s += t1 - t0
-        verify_s += t2 - t1
-        sampling_s += t3 - t2
-        if ttft == 0.0:
-            ttft = time.perf_counter() - t_start
-        if stop == "eos":
+        chosen = policy.choose()
+        budget = max_new_tokens - (length - P) - 1  # a round commits up to k + 1 tokens: never past the budget
+        r = run_round(target=target, proposer=proposer, sampler=sampler, seq=seq, length=length, chosen=chosen,
+                      k=min(chosen, budget), pending=pending, eos=eos, clock=clock)
+        pending, length = None, length + r.new_tokens
+        log.add(r, clock())
+        policy.update(r.drafted, r.accepted, r.tested, r.seconds if r.timed else None)
+        if r.eos:
+            stop = "eos"
             break
     if warm is not None:
         remember(warm, policy.measured(), policy.alpha[1:] if any(policy.tests) else None,
                  dict(enumerate(policy.timed)))
     synchronize(device)
-    total = time.perf_counter() - t_start
+    total_s = clock() - log.start
     state = policy.state()
     if warm is not None:
         state["warm_start"] = warm.to_dict()
-
-    stats = Stats(
-        k=policy.max_k,
-        prompt_tokens=P,
-        new_tokens=L - P,
-        stop_reason=stop,
-        tokens_per_round=tuple(per_round),
-        round_s=tuple(round_s),
-        drafted_by_position=tuple(drafted),
-        reached_by_position=tuple(reached),
-        accepted_by_position=tuple(accepted),
-        total_s=total,
-        ttft_s=ttft,
-        draft_s=draft_s,
-        verify_s=verify_s,
-        sampling_s=sampling_s,
-        target_forward_s=tgt.forward_s,
-        draft_forward_s=draft_cache.forward_s if draft_cache is not None else 0.0,
-        peak_rss_bytes=peak_rss_bytes(),
-        k_per_round=tuple(chosen),
-        policy=state,
-    )
-    return GenerationResult(tokens=seq[P:L].tolist(), stats=stats)
+    draft_cache = proposer.cache if proposer is not None else None
+    stats = log.stats(prompt_tokens=P, stop_reason=stop, total_s=total_s, target_forward_s=target.forward_s,
+                      draft_forward_s=draft_cache.forward_s if draft_cache is not None else 0.0,
+                      peak_rss_bytes=peak_rss_bytes(), policy=state)
+    return GenerationResult(tokens=seq[P:length].tolist(), stats=stats)

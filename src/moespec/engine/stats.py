@@ -1,4 +1,4 @@
-"""Per-round statistics of one generation and the result object `generate` returns.
+"""Per-round statistics of one generation, the log that counts them, and the result `generate` returns.
 
 Acceptance follows the engine paper (Sec. 5, Metrics): pooled acceptance is accepted draft tokens
 over drafted tokens; acceptance at position i is the same ratio restricted to draft position i.
@@ -18,6 +18,10 @@ tokens, not k + 1 (none at k = 0). The step time V(k) of the cost model is the l
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from moespec.engine.round import Round
 
 
 @dataclass(frozen=True)
@@ -142,3 +146,58 @@ class GenerationResult:
     @classmethod
     def from_dict(cls, d: dict) -> "GenerationResult":
         return cls(tokens=list(d["tokens"]), stats=Stats.from_dict(d["stats"]))
+
+
+class RoundLog:
+    """The counters of one call, round by round; `stats` makes its `Stats`.
+
+    start: the clock's reading when the call's clock started (after the prefill's synchronize); the
+    first round's end gives the TTFT. `add_passes` counts time outside the rounds (the prefill, a
+    warm start) as verify or draft time.
+    """
+
+    def __init__(self, max_k: int, start: float):
+        self.max_k, self.start = max_k, start
+        self.drafted = [0] * max_k  # [max_k] drafts proposed at position i
+        self.reached = [0] * max_k  # [max_k] drafts at position i that the walk tested
+        self.accepted = [0] * max_k  # [max_k] drafts at position i that were accepted
+        self.tokens_per_round: list[int] = []  # [rounds]
+        self.k_per_round: list[int] = []  # [rounds] the policy's choice
+        self.round_s: list[float] = []  # [rounds]
+        self.draft_s = self.verify_s = self.sampling_s = self.ttft_s = 0.0
+
+    @property
+    def rounds(self) -> int:
+        return len(self.tokens_per_round)
+
+    def add_passes(self, *, verify_s: float = 0.0, draft_s: float = 0.0) -> None:
+        self.verify_s += verify_s
+        self.draft_s += draft_s
+
+    def add(self, r: Round, now: float) -> None:
+        """Count round r, which ended at clock reading `now`."""
+        for i in range(r.drafted):
+            self.drafted[i] += 1
+        for i in range(r.tested):
+            self.reached[i] += 1
+        for i in range(r.accepted):
+            self.accepted[i] += 1
+        self.tokens_per_round.append(r.new_tokens)
+        self.k_per_round.append(r.chosen)
+        self.round_s.append(r.seconds)
+        self.add_passes(verify_s=r.verify_s, draft_s=r.draft_s)
+        self.sampling_s += r.sampling_s
+        if self.rounds == 1:
+            self.ttft_s = now - self.start
+
+    def stats(self, *, prompt_tokens: int, stop_reason: str, total_s: float, target_forward_s: float,
+              draft_forward_s: float, peak_rss_bytes: int, policy: dict) -> Stats:
+        return Stats(
+            k=self.max_k, prompt_tokens=prompt_tokens, new_tokens=sum(self.tokens_per_round),
+            stop_reason=stop_reason, tokens_per_round=tuple(self.tokens_per_round), round_s=tuple(self.round_s),
+            drafted_by_position=tuple(self.drafted), reached_by_position=tuple(self.reached),
+            accepted_by_position=tuple(self.accepted), total_s=total_s, ttft_s=self.ttft_s, draft_s=self.draft_s,
+            verify_s=self.verify_s, sampling_s=self.sampling_s, target_forward_s=target_forward_s,
+            draft_forward_s=draft_forward_s, peak_rss_bytes=peak_rss_bytes, k_per_round=tuple(self.k_per_round),
+            policy=policy,
+        )

@@ -366,7 +366,7 @@ def read_store(path: Path, *, warn: bool = True) -> dict:
     except (OSError, ValueError) as e:  # JSON and Unicode decoding errors are ValueErrors
         if warn:
             warnings.warn(f"ignoring the step-time store {path} ({e}); the next k=\"auto\" call replaces it",
-                          stacklevel=4)
+                          stacklevel=5)  # generate's caller: read_store < prepare < _decode < generate
         return {}
 
 
@@ -424,4 +424,4 @@ def remember(warm: WarmStart, measured: dict[int, float], acceptance: list[float
         dump_json(path, {"version": STORE_VERSION, "entries": {n: entries[n] for n in kept}})
     except OSError as e:
         warnings.warn(f"could not write the step-time store {path} ({e}); set MOESPEC_STEP_TIMES to a writable "
-                      f"file, or to nothing to turn the store off", stacklevel=3)
+                      f"file, or to nothing to turn the store off", stacklevel=4)  # generate's caller
