@@ -118,71 +118,31 @@ def characterize(
     `threads` threads (default: llama.cpp's); its trace must carry the file's identity and expert bytes
     (`moespec trace --model FILE.gguf` records it through transformers and labels it so).
     """
-    n_values = sorted({int(x) for x in n})
-    if not n_values or n_values[0] < 1:
-        raise ValueError(f"pass sizes n must be >= 1, got {n_values}")
-    fit_n = fit.fit_pass_sizes(n_values)  # refuses sizes that cannot identify (4)/(E.1)
-    if min(reps, windows, reps if verified_reps is None else verified_reps) < 1 or warmup < 0:
-        raise ValueError(f"need reps, verified_reps and windows >= 1 and warmup >= 0; got reps={reps}, "
-                         f"verified_reps={verified_reps}, windows={windows}, warmup={warmup}")
-    if u_points is not None and u_points < 2:
-        raise ValueError(f"u_points={u_points}: give >= 2 U values per n, or None for every U")
-    if not set(COST_KERNELS) <= set(kernels):
-        raise ValueError(f"kernels {list(kernels)} must include {COST_KERNELS} (the fits need both)")
-    trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
+    n_values, fit_n = _pass_sizes(n)
+    _check_settings(reps=reps, verified_reps=verified_reps, windows=windows, warmup=warmup, u_points=u_points,
+                    kernels=kernels)
+    trace = _as_trace(traces)
     layer_ids = expert_op.resolve_layers(layers, trace.num_layers)  # a bad layer fails before the model loads
-    windows_of = None
-    if verified is not None:
-        windows_of = verified if isinstance(verified, RoutingTrace) else RoutingTrace.load(verified)
+    windows_of = None if verified is None else _as_trace(verified)
     verified_reps = reps if verified_reps is None else int(verified_reps)
     get_experts, model_layers, label, target = _experts_source(model, dtype, model_spec, threads)
-    named = {f"the model {label}": {"provenance": target}, _named("the trace", traces): trace}
-    if windows_of is not None:
-        named[_named("the verified routing", verified)] = windows_of
-    check_chain(named, fix="record the routing with this model (`moespec trace` / `moespec trace-verified`)")
+    _check_lineage(label, target, traces, trace, verified, windows_of)
     roof = read_bandwidth(nbytes=ROOF_BYTES, reps=3)
     flusher = CacheFlusher(flush_bytes)
     if model_layers is not None and model_layers != trace.num_layers:
         raise ValueError(f"the model has {model_layers} MoE layers but the trace has {trace.num_layers}; "
                          "trace this model with `moespec trace`")
-    m, N = trace.top_k, trace.num_experts
-    plan = {}
-    for l in layer_ids:
-        passes = expert_op.chosen_passes(fit_n, m, N, u_points=u_points, seed=seed + l)
-        passes += expert_op.recorded_passes(trace.documents, l, n_values, windows=windows, seed=seed + l)
-        order = np.random.default_rng(seed + 7919 * (l + 1)).permutation(len(passes))  # drift-neutral
-        plan[l] = [passes[i] for i in order]
+    plan = _plan(trace, layer_ids, fit_n, n_values, u_points=u_points, windows=windows, seed=seed)
     extra = {l: expert_op.verified_passes(windows_of, l, n_values) if windows_of is not None else [] for l in layer_ids}
-    provenance = {**target, "num_experts": N, "top_k": m, "num_layers": trace.num_layers,
-                  "trace": trace_fingerprint(trace),
-                  "verified": None if windows_of is None else trace_fingerprint(windows_of),
-                  "options": {"seed": seed, "u_points": u_points, "windows": windows, "warmup": warmup,
-                              "flush_bytes": flusher.nbytes}}
+    provenance = _provenance(target, trace, windows_of, seed=seed, u_points=u_points, windows=windows, warmup=warmup,
+                             flush_bytes=flusher.nbytes)
     log = PointLog(points_path(out), provenance, restart=restart) if out is not None else None
-    total = sum(expert_op.requested_bytes(k, p, trace.expert_bytes[l])
-                for l in layer_ids for p in plan[l] + extra[l] for k in kernels)
-    records = []
-    with _progress_bar(progress, total) as advance:
-        for l in layer_ids:
-            experts = get_experts(l)
-            have = experts.num_experts if hasattr(experts, "prepare") else expert_views(experts).num_experts
-            if have != N:
-                raise ValueError(f"layer {l} has {have} experts, the trace {N}; use the trace of this model")
-            records += expert_op.run(experts, plan[l], kernels, layer=l, reps=reps, warmup=warmup, flush=flusher,
-                                     log=log, on_point=advance, seed=seed)
-            if extra[l]:
-                records += expert_op.run(experts, extra[l], kernels, layer=l, reps=verified_reps, warmup=warmup,
-                                         flush=flusher, log=log, on_point=advance, seed=seed)
-            if hasattr(experts, "close"):
-                experts.close()
-            del experts
+    records = _time_layers(get_experts, layer_ids, plan, extra, kernels, trace, reps=reps, verified_reps=verified_reps,
+                           warmup=warmup, flush=flusher, log=log, seed=seed, progress=progress)
     payload = summarize(records, trace, layer_ids, n_values)
     if target.get("experts") == "llama.cpp":  # a GGUF file: its dense products too, for the calibrated g(n)
-        from moespec.models import gguf_info
-
-        payload["dense"] = dense_times(label, n_values, target["options"]["threads"], warmup=warmup, flush=flusher,
+        payload["dense"] = _gguf_dense(label, n_values, target["options"]["threads"], warmup=warmup, flush=flusher,
                                        seed=seed)
-        gguf_info.forget()  # its tensors are copied and timed: unmap the file's pages read to copy them
     payload.update(
         model=label,
         provenance=provenance,
@@ -196,6 +156,98 @@ def characterize(
     if out is not None:
         artifacts.write(out, KIND, payload)
     return payload
+
+
+def _as_trace(source: str | Path | RoutingTrace) -> RoutingTrace:
+    return source if isinstance(source, RoutingTrace) else RoutingTrace.load(source)
+
+
+def _pass_sizes(n: Iterable[int]) -> tuple[list[int], list[int]]:
+    """(every pass size n, sorted; the sizes the fits (4)/(E.1) read), refusing sizes that cannot identify them."""
+    n_values = sorted({int(x) for x in n})
+    if not n_values or n_values[0] < 1:
+        raise ValueError(f"pass sizes n must be >= 1, got {n_values}")
+    return n_values, fit.fit_pass_sizes(n_values)
+
+
+def _check_settings(*, reps: int, verified_reps: int | None, windows: int, warmup: int, u_points: int | None,
+                    kernels: Sequence[str]) -> None:
+    """Refuse repetitions, windows, U values and kernels the benchmark cannot run or fit with."""
+    if min(reps, windows, reps if verified_reps is None else verified_reps) < 1 or warmup < 0:
+        raise ValueError(f"need reps, verified_reps and windows >= 1 and warmup >= 0; got reps={reps}, "
+                         f"verified_reps={verified_reps}, windows={windows}, warmup={warmup}")
+    if u_points is not None and u_points < 2:
+        raise ValueError(f"u_points={u_points}: give >= 2 U values per n, or None for every U")
+    if not set(COST_KERNELS) <= set(kernels):
+        raise ValueError(f"kernels {list(kernels)} must include {COST_KERNELS} (the fits need both)")
+
+
+def _check_lineage(label: str, target: dict, traces: Any, trace: RoutingTrace, verified: Any,
+                   windows_of: RoutingTrace | None) -> None:
+    """The trace and the verified routing must be recordings of this model (`lineage.check_chain`)."""
+    named = {f"the model {label}": {"provenance": target}, _named("the trace", traces): trace}
+    if windows_of is not None:
+        named[_named("the verified routing", verified)] = windows_of
+    check_chain(named, fix="record the routing with this model (`moespec trace` / `moespec trace-verified`)")
+
+
+def _provenance(target: dict, trace: RoutingTrace, windows_of: RoutingTrace | None, **options) -> dict:
+    """What a timed point depends on beyond its key: the model, the routing it runs (the traces'
+    fingerprints) and the settings that shape its passes and timing (`options`)."""
+    return {**target, "num_experts": trace.num_experts, "top_k": trace.top_k, "num_layers": trace.num_layers,
+            "trace": trace_fingerprint(trace),
+            "verified": None if windows_of is None else trace_fingerprint(windows_of),
+            "options": options}
+
+
+def _plan(trace: RoutingTrace, layer_ids: Sequence[int], fit_n: Sequence[int], n_values: Sequence[int], *,
+          u_points: int | None, windows: int, seed: int) -> dict[int, list]:
+    """Each layer's passes: chosen ids at the fit's sizes and recorded windows at every n, in a seeded
+    shuffled order so that slow drift of the machine falls on both alike."""
+    plan = {}
+    for l in layer_ids:
+        passes = expert_op.chosen_passes(fit_n, trace.top_k, trace.num_experts, u_points=u_points, seed=seed + l)
+        passes += expert_op.recorded_passes(trace.documents, l, n_values, windows=windows, seed=seed + l)
+        order = np.random.default_rng(seed + 7919 * (l + 1)).permutation(len(passes))  # drift-neutral
+        plan[l] = [passes[i] for i in order]
+    return plan
+
+
+def _time_layers(get_experts: Callable[[int], Any], layer_ids: Sequence[int], plan: dict[int, list],
+                 extra: dict[int, list], kernels: Sequence[str], trace: RoutingTrace, *, reps: int,
+                 verified_reps: int, warmup: int, flush: CacheFlusher, log: PointLog | None, seed: int,
+                 progress: bool) -> list[dict]:
+    """The point records of every layer's planned passes and its verified windows (`extra`, timed
+    `verified_reps` times), one layer's experts loaded at a time and closed before the next; the
+    progress bar is weighted by requested bytes."""
+    total = sum(expert_op.requested_bytes(k, p, trace.expert_bytes[l])
+                for l in layer_ids for p in plan[l] + extra[l] for k in kernels)
+    records = []
+    with _progress_bar(progress, total) as advance:
+        for l in layer_ids:
+            experts = get_experts(l)
+            have = experts.num_experts if hasattr(experts, "prepare") else expert_views(experts).num_experts
+            if have != trace.num_experts:
+                raise ValueError(f"layer {l} has {have} experts, the trace {trace.num_experts}; "
+                                 "use the trace of this model")
+            records += expert_op.run(experts, plan[l], kernels, layer=l, reps=reps, warmup=warmup, flush=flush,
+                                     log=log, on_point=advance, seed=seed)
+            if extra[l]:
+                records += expert_op.run(experts, extra[l], kernels, layer=l, reps=verified_reps, warmup=warmup,
+                                         flush=flush, log=log, on_point=advance, seed=seed)
+            if hasattr(experts, "close"):
+                experts.close()
+            del experts
+    return records
+
+
+def _gguf_dense(path: str, ns: Sequence[int], threads: int, **timing) -> dict:
+    """`dense_times` of a GGUF file, then the file's mapped pages let go."""
+    from moespec.models import gguf_info
+
+    dense = dense_times(path, ns, threads, **timing)
+    gguf_info.forget()  # its tensors are copied and timed: unmap the file's pages read to copy them
+    return dense
 
 
 DENSE_REPS = 15  # timed computes of the dense products per pass size

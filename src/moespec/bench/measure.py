@@ -193,13 +193,41 @@ def measure(
     runs one kernel, its own grouped `mul_mat_id` (each distinct expert read once per pass): kernels and
     oracle_kernels default to the deduplicating one alone there, and the per-slot one is refused.
     """
-    from moespec.models import load
+    engine, cfg = _config(model_spec, backend, full=full, base=base, knobs=knobs)
+    verified = _verified_windows(cfg, verified)
+    if loaded is None:
+        loaded = _load_target(model_spec, engine, cfg.seed, layers=layers, routing=routing, threads=threads)
+    model, tokenizer = loaded
+    draft, draft_name, draft_provenance = _draft(draft_spec, prompt_lookup, cfg.seed)
+    provenance = _provenance(model_spec, model, engine, verified, layers=layers, flush=cfg.flush,
+                             draft=draft_provenance)
+    out = Path(out)
+    log = PointLog(out.with_name(out.stem + ".points.jsonl") if points is None else points, provenance,
+                   restart=restart)
+    parts = _measure_parts(model, tokenizer, cfg, draft=draft, draft_name=draft_name, verified=verified, log=log,
+                           progress=progress, on_point=on_point)
+    payload = {
+        "model": model_spec,
+        "provenance": {**provenance, "verified": None if verified is None else trace_fingerprint(verified)},
+        "layers": layers,
+        "draft": draft_name,
+        "config": cfg.to_dict(),
+        **parts,
+    }
+    if base:
+        payload = base_payload(payload)
+    artifacts.write(out, "measure", payload)
+    return payload
+
+
+def _config(model_spec: str, backend: str, *, full: bool, base: bool, knobs: dict) -> tuple[str, MeasureConfig]:
+    """(the engine `model_spec` runs on, the measurement's config): the preset with `knobs` on top,
+    unknown knobs refused, the base measurement's knobs for `base`, llama.cpp's one kernel fixed."""
+    from moespec.models.specs import resolve_backend
 
     unknown = set(knobs) - set(MeasureConfig.__dataclass_fields__)
     if unknown:
         raise TypeError(f"unknown measure knobs {sorted(unknown)}; known: {sorted(MeasureConfig.__dataclass_fields__)}")
-    from moespec.models.specs import resolve_backend
-
     engine = resolve_backend(model_spec, backend)
     if engine == "llama.cpp":
         one = {"kernels": (DEDUP,), "oracle_kernels": (DEDUP,)}
@@ -208,7 +236,12 @@ def measure(
             raise ValueError(f"{asked}: llama.cpp runs one kernel, its grouped mul_mat_id ({DEDUP!r}); drop the "
                              "kernels, or measure the torch backend for the per-slot one")
         knobs = {**knobs, **one}
-    cfg = MeasureConfig.preset(full, **(base_knobs(knobs) if base else knobs))
+    return engine, MeasureConfig.preset(full, **(base_knobs(knobs) if base else knobs))
+
+
+def _verified_windows(cfg: MeasureConfig, verified: Any):
+    """The verified routing as a RoutingTrace (read from its file), or None; op_layers needs it and
+    nothing else does."""
     if bool(cfg.op_layers) != (verified is not None):
         raise ValueError(f"op_layers={list(cfg.op_layers)} and verified={verified!r}: timing the expert operation "
                          "between the verify passes needs both (the layers, and the verified windows from "
@@ -216,33 +249,52 @@ def measure(
     if verified is not None and not hasattr(verified, "doc_ids"):
         from moespec.moe.traces import RoutingTrace
 
-        verified = RoutingTrace.load(verified)
-    if loaded is None:
-        loaded = (load(model_spec, backend="llama.cpp", threads=threads) if engine == "llama.cpp" else
-                  load(model_spec, seed=cfg.seed, layers=layers, routing=routing, fast_linear=True))
-    model, tokenizer = loaded
-    draft, draft_name, draft_provenance = _draft(draft_spec, prompt_lookup, cfg.seed)
+        return RoutingTrace.load(verified)
+    return verified
+
+
+def _load_target(model_spec: str, engine: str, seed: int, *, layers: int | None, routing: str | Path | None,
+                 threads: int | None) -> tuple[Any, Any]:
+    """(model, tokenizer) of the target as `moespec generate` runs it: llama.cpp's, or torch's with
+    compiled linear layers."""
+    from moespec.models import load
+
+    if engine == "llama.cpp":
+        return load(model_spec, backend="llama.cpp", threads=threads)
+    return load(model_spec, seed=seed, layers=layers, routing=routing, fast_linear=True)
+
+
+def _provenance(model_spec: str, model, engine: str, verified: Any, *, layers: int | None, flush: bool,
+                draft: dict | None) -> dict[str, Any]:
+    """What a point depends on beyond its key: the target model and the options that change its
+    passes; the verified windows must be this model's."""
     target = of_model(model_spec, model, experts=PER_POINT)
     if verified is not None:
         check_chain({f"the model {model_spec}": {"provenance": target}, "the verified routing": verified},
                     fix="record the verified routing with this model: `moespec trace-verified --model MODEL`")
-    # what a point depends on beyond its key; the verified windows are this model's (checked above),
-    # and a longer recording of them keeps its first rows
-    provenance = {**target, "options": {"layers": layers, "flush": cfg.flush, "draft": draft_provenance,
-                                        **({"threads": getattr(model, "threads", None)} if engine == "llama.cpp" else {})}}
-    out = Path(out)
-    log = PointLog(out.with_name(out.stem + ".points.jsonl") if points is None else points, provenance,
-                   restart=restart)
-    flush = verify.default_flusher(cfg.flush)
+    # the verified windows are this model's (checked above), and a longer recording of them keeps its first rows
+    return {**target, "options": {"layers": layers, "flush": flush, "draft": draft,
+                                  **({"threads": getattr(model, "threads", None)} if engine == "llama.cpp" else {})}}
 
-    total = (
+
+def _point_count(cfg: MeasureConfig, drafting: bool) -> int:
+    """How many points the measurement logs: verify, scaling (unless read from verify), oracle, draft."""
+    return (
         verify.verify_points(cfg.depths, cfg.prompts)
         + (cfg.prompts if cfg.scaling_ns and not cfg.scaling_from_verify else 0)
         + sweep.oracle_points(depths=cfg.depths, ks=cfg.ks, acceptances=cfg.acceptances,
                               kernels=cfg.oracle_kernels, prompts=cfg.prompts, reps=cfg.oracle_reps)
         + (sweep.draft_points(depths=cfg.depths, ks=cfg.draft_ks, prompts=cfg.prompts, reps=cfg.oracle_reps)
-           if draft is not None else 0)
+           if drafting else 0)
     )
+
+
+def _measure_parts(model, tokenizer, cfg: MeasureConfig, *, draft, draft_name: str | None, verified: Any,
+                   log: PointLog, progress: bool, on_point: Callable[[dict, bool], None] | None) -> dict[str, Any]:
+    """The payload's verify times, scaling curve, oracle sweep and (with a draft) draft sweep, measured
+    in that order under one progress bar that each finished point advances, `on_point` after it."""
+    flush = verify.default_flusher(cfg.flush)
+    total = _point_count(cfg, draft is not None)
     with _progress(total, progress) as bar:
         task = bar.add_task("verify", total=total)
 
@@ -255,14 +307,7 @@ def measure(
         verify_times = verify.run_verify(model, tokenizer, depths=cfg.depths, ns=cfg.ns, kernels=cfg.kernels,
                                          reps=cfg.reps, windows=verified, op_layers=cfg.op_layers, stride=cfg.stride,
                                          **common)
-        if cfg.scaling_from_verify:
-            first = verify_times[0].samples[cfg.scaling_kernel]
-            curve = ScalingCurve(cfg.depths[0], cfg.scaling_kernel,
-                                        {n: first[n] for n in sorted(set(cfg.scaling_ns) | {1})})
-        elif cfg.scaling_ns:
-            curve = verify.run_scaling(model, tokenizer, depth=cfg.depths[0], ns=cfg.scaling_ns,
-                                       kernel=cfg.scaling_kernel, reps=cfg.reps, **common)
-        scaling = [curve.to_dict()] if cfg.scaling_ns else []
+        scaling = _scaling(model, tokenizer, cfg, verify_times, common)
         sweep_common = dict(prompts=cfg.prompts, reps=cfg.oracle_reps, new_tokens=cfg.new_tokens, seed=cfg.seed,
                             log=log, on_point=tick)
         oracle = sweep.run_oracle(model, tokenizer, depths=cfg.depths, ks=cfg.ks, acceptances=cfg.acceptances,
@@ -273,19 +318,20 @@ def measure(
                             temperature=cfg.temperature, **sweep_common)
             if draft is not None else []
         )
-    payload = {
-        "model": model_spec,
-        "provenance": {**provenance, "verified": None if verified is None else trace_fingerprint(verified)},
-        "layers": layers,
-        "draft": draft_name,
-        "config": cfg.to_dict(),
-        "verify": [v.to_dict() for v in verify_times],
-        "scaling": scaling,
-        "oracle": oracle,
-        "draft_sweep": drafted,
-    }
-    if base:
-        payload = base_payload(payload)
-    artifacts.write(out, "measure", payload)
-    return payload
+    return {"verify": [v.to_dict() for v in verify_times], "scaling": scaling, "oracle": oracle,
+            "draft_sweep": drafted}
 
+
+def _scaling(model, tokenizer, cfg: MeasureConfig, verify_times: list, common: dict) -> list[dict]:
+    """The scaling curve as the payload lists it: read from the verify times where they hold its
+    passes (`MeasureConfig.scaling_from_verify`), else timed; none without scaling_ns."""
+    if cfg.scaling_from_verify:
+        first = verify_times[0].samples[cfg.scaling_kernel]
+        curve = ScalingCurve(cfg.depths[0], cfg.scaling_kernel,
+                             {n: first[n] for n in sorted(set(cfg.scaling_ns) | {1})})
+    elif cfg.scaling_ns:
+        curve = verify.run_scaling(model, tokenizer, depth=cfg.depths[0], ns=cfg.scaling_ns,
+                                   kernel=cfg.scaling_kernel, reps=cfg.reps, **common)
+    else:
+        return []
+    return [curve.to_dict()]

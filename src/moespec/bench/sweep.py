@@ -24,12 +24,14 @@ alone; the prefill time is recorded once and added back into TTFT.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from typing import Any, Sequence
 
 import torch
 
 from moespec.pointlog import OnPoint, logged_point
-from moespec.bench.prefilled import PrefilledPrompts, PrefilledTarget, switch_kernel
+from moespec.bench.prefilled import PrefilledPrompts, switch_kernel
 from moespec.bench.prompts import vocab_limit
 from moespec.bench.sweep_cells import SweepCell
 from moespec.costmodel.predict import ACCEPTANCE_GRID
@@ -109,71 +111,80 @@ def run_oracle(
         raise ValueError(f"start_stride must be >= 0 tokens, got {start_stride}")
     ks = sorted(set(int(k) for k in ks))
     runs: dict[tuple, list[dict]] = {}
-    references: dict[tuple[int, int], torch.Tensor] = {}  # (depth, prompt) -> greedy reference, shared by every oracle
     order = _oracle_order(ks, acceptances)
     longest = max(oracle_budget(k, new_tokens, steps)[0] for k in ks) + start_stride * (reps - 1)
     block = prompts * reps * steps if steps else STEP_BLOCK  # one cell's steps
     for depth in depths:
         cache = PrefilledPrompts(model, tokenizer, depth, prompts, prefill_last=False)
+        greedy = _GreedyText(cache, tokenizer, longest)  # shared by every oracle at this depth
+        for i, rep, (k, a), kernel in itertools.product(range(prompts), range(reps), order, kernels):
+            tokens, rounds = oracle_budget(k, new_tokens, steps)
+            key = {"part": "oracle", "kernel": kernel, "depth": depth, "prompt": i, "k": k,
+                   "a": a, "rep": rep, "new_tokens": tokens, "seed": seed, "prefill_last": False,
+                   "oracle_draws": f"one per step, blocks of {block}", "wrong_drafts": "marked",
+                   **({"steps": rounds} if rounds else {}),
+                   **({"start": start_stride * rep} if start_stride else {})}
+            cell = runs.setdefault((kernel, depth, k, a), [])
+            offset = sum(r["draws"] for r in cell)  # where this cell's draws stopped
+            run = functools.partial(_oracle_run, model, tokenizer, cache, greedy, i=i, k=k, a=a, kernel=kernel,
+                                    tokens=tokens, rounds=rounds, start=start_stride * rep, offset=offset,
+                                    seed=seed, block=block)
+            cell.append(logged_point(log, key, run, on_point))
+    return [_oracle_entry(runs, kernel, depth, ks, acceptances) for kernel in kernels for depth in depths]
 
-        def reference(i: int, target: PrefilledTarget, depth=depth, cache=cache) -> None:
-            """Prompt i followed by `longest` greedy tokens of the target, decoded on `target` (prompt i's)."""
-            greedy = generate(target, cache.ids[i], k=0, temperature=0.0, max_new_tokens=longest,
-                              vocab_limit=vocab_limit(tokenizer), prefill_last=False).tokens
-            references[(depth, i)] = torch.as_tensor(list(cache.ids[i]) + greedy, dtype=torch.long)
 
-        for i in range(prompts):
-            for rep in range(reps):
-                for k, a in order:
-                    for kernel in kernels:
-                        tokens, rounds = oracle_budget(k, new_tokens, steps)
-                        key = {"part": "oracle", "kernel": kernel, "depth": depth, "prompt": i, "k": k,
-                               "a": a, "rep": rep, "new_tokens": tokens, "seed": seed, "prefill_last": False,
-                               "oracle_draws": f"one per step, blocks of {block}", "wrong_drafts": "marked",
-                               **({"steps": rounds} if rounds else {}),
-                               **({"start": start_stride * rep} if start_stride else {})}
-                        cell = runs.setdefault((kernel, depth, k, a), [])
-                        offset = sum(r["draws"] for r in cell)  # where this cell's draws stopped
+class _GreedyText:
+    """Each prompt at one depth followed by `longest` greedy tokens of the target, decoded (untimed)
+    the first time a run asks for it: the oracle's reference and the text later repetitions start in."""
 
-                        def run(i=i, k=k, a=a, kernel=kernel, tokens=tokens, rounds=rounds, offset=offset, rep=rep):
-                            start = start_stride * rep
-                            if (k or start) and (depth, i) not in references:  # untimed, once per prompt
-                                reference(i, cache.target(i))
-                            text = cache.ids[i]
-                            if start:  # the prompt and the greedy text up to this repetition's start
-                                text = references[(depth, i)][: len(text) + start].tolist()
-                            target = cache.target(i, text)
-                            switch_kernel(model, kernel)
-                            ref = references.get((depth, i))
-                            oracle = OracleDraft(a, seed=seed, reference=ref, offset=offset, block=block) if k else None
-                            result = generate(target, text, draft=oracle, k=k, temperature=0.0,
-                                              max_new_tokens=tokens, max_steps=rounds, seed=seed + i,
-                                              vocab_limit=vocab_limit(tokenizer), prefill_last=False)
-                            return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0,
-                                                                      "draws": oracle.draws if oracle else 0,
-                                                                      "prefill_last": False})
+    def __init__(self, cache: PrefilledPrompts, tokenizer, longest: int):
+        self.cache, self.tokenizer, self.longest = cache, tokenizer, longest
+        self.texts: dict[int, torch.Tensor] = {}  # prompt -> [prompt + longest] token ids
 
-                        cell.append(logged_point(log, key, run, on_point))
-    out = []
-    for kernel in kernels:
-        for depth in depths:
-            cells = []
-            for k in ks:
-                for a in acceptances:
-                    cells.append(SweepCell.pool(k, a, runs[(kernel, depth, k, a)]).to_dict())
-            # pooled over acceptances, one acceptance's runs after another, each in pass order
-            # (`resample_throughput` relies on that order)
-            at_k = {k: SweepCell.pool(k, None, [r for (p, d, kk, _), rs in runs.items()
-                                                if (p, d, kk) == (kernel, depth, k) for r in rs]) for k in ks}
-            out.append({
-                "kernel": kernel,
-                "depth": depth,
-                "cells": cells,
-                "plain": at_k[0].to_dict() if 0 in at_k else None,  # every k = 0 run, pooled: the baseline
-                "h": {str(k): c.h for k, c in at_k.items()},
-                "V": {str(k): c.step_s for k, c in at_k.items()},
-            })
-    return out
+    def __call__(self, i: int) -> torch.Tensor:
+        if i not in self.texts:
+            ids = self.cache.ids[i]
+            greedy = generate(self.cache.target(i), ids, k=0, temperature=0.0, max_new_tokens=self.longest,
+                              vocab_limit=vocab_limit(self.tokenizer), prefill_last=False).tokens
+            self.texts[i] = torch.as_tensor(list(ids) + greedy, dtype=torch.long)
+        return self.texts[i]
+
+
+def _oracle_run(model, tokenizer, cache: PrefilledPrompts, greedy: _GreedyText, *, i: int, k: int, a: float,
+                kernel: str, tokens: int, rounds: int | None, start: int, offset: int, seed: int,
+                block: int) -> dict:
+    """One oracle run on prompt i, `start` tokens into its greedy text, with `kernel`: the oracle
+    draft at (k, a), its draws from `offset` of the cell's sequence, or plain decoding at k = 0."""
+    ref = greedy(i) if k or start else None
+    text = cache.ids[i]
+    if start:  # the prompt and the greedy text up to this repetition's start
+        text = ref[: len(text) + start].tolist()
+    target = cache.target(i, text)
+    switch_kernel(model, kernel)
+    oracle = OracleDraft(a, seed=seed, reference=ref, offset=offset, block=block) if k else None
+    result = generate(target, text, draft=oracle, k=k, temperature=0.0, max_new_tokens=tokens, max_steps=rounds,
+                      seed=seed + i, vocab_limit=vocab_limit(tokenizer), prefill_last=False)
+    return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0,
+                                              "draws": oracle.draws if oracle else 0, "prefill_last": False})
+
+
+def _oracle_entry(runs: dict[tuple, list[dict]], kernel: str, depth: int, ks: Sequence[int],
+                  acceptances: Sequence[float]) -> dict[str, Any]:
+    """One (kernel, depth) entry of the sweep: a cell per (k, a), and per k the runs of every
+    acceptance pooled into h(k) and V(k), k = 0's into the baseline."""
+    cells = [SweepCell.pool(k, a, runs[(kernel, depth, k, a)]).to_dict() for k in ks for a in acceptances]
+    # pooled over acceptances, one acceptance's runs after another, each in pass order
+    # (`resample_throughput` relies on that order)
+    at_k = {k: SweepCell.pool(k, None, [r for (p, d, kk, _), rs in runs.items()
+                                        if (p, d, kk) == (kernel, depth, k) for r in rs]) for k in ks}
+    return {
+        "kernel": kernel,
+        "depth": depth,
+        "cells": cells,
+        "plain": at_k[0].to_dict() if 0 in at_k else None,  # every k = 0 run, pooled: the baseline
+        "h": {str(k): c.h for k, c in at_k.items()},
+        "V": {str(k): c.step_s for k, c in at_k.items()},
+    }
 
 
 def draft_points(*, depths, ks, prompts: int, reps: int) -> int:

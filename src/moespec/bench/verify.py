@@ -26,13 +26,16 @@ import numpy as np
 import torch
 
 from moespec.pointlog import OnPoint, logged_point
-from moespec.bench.prefilled import avoid_slot_prefill
+from moespec.backends.protocol import as_spec_model
+from moespec.bench.prefilled import avoid_slot_prefill, switch_kernel
 from moespec.bench.prompts import PREFILL_CHUNK, PROMPT_COUNT, STRIDE, continuation_length, prompt_ids
 from moespec.bench.verified_text import verified_texts
 from moespec.bench.timing import CacheFlusher, ModuleClock, Timing, measure
 from moespec.bench.verify_times import ScalingCurve, VerifyTimes
 from moespec.kernel_names import DEDUP, ENGINE_KERNELS, TO_COST
 from moespec.moe.experts import find_experts
+
+
 def time_passes(
     model,
     ids: Sequence[int],
@@ -67,65 +70,90 @@ def time_passes(
     pass spent inside its experts modules, summed over the layers (`ModuleClock`), so the pass's
     time outside the expert operation is its time minus these, read from the pass itself.
     """
-    from moespec.backends.protocol import as_spec_model
-    from moespec.bench.prefilled import switch_kernel
+    ns = _checked_pass_sizes(ns, len(ids), depth, reps, stride)
+    ids = torch.as_tensor(list(ids), dtype=torch.int64)  # [len(ids)]
+    cached = _prefilled(model, ids, depth)
+    names = [str(k) for k in kernels]
+    out, ops, inside = ({name: {str(n): [] for n in ns} for name in names} for _ in range(3))
+    experts = find_experts(model) if isinstance(model, torch.nn.Module) else []
+    clock = ModuleClock(experts) if experts else None
+    with clock if clock is not None else contextlib.nullcontext():
+        for n in ns:
+            for kernel, name in zip(kernels, names):
+                switch_kernel(model, kernel)
+                _timed_extend(cached, ids[depth : depth + n], depth, flush, warmup=warmup)
+                if between is not None and warmup:
+                    between(n, name, 0)
+        base = depth  # the cache's length before each pass
+        for rep in range(reps):  # rounds over every n, in an order that rotates by one each round
+            base = _window_at(cached, ids, base, depth + stride * rep)
+            for n in ns[rep % len(ns):] + ns[: rep % len(ns)]:
+                for kernel, name in zip(kernels, names):
+                    seconds, spent = _time_pass(model, cached, ids[base : base + n], base, kernel, flush, clock)
+                    out[name][str(n)].append(seconds)
+                    if clock is not None:
+                        inside[name][str(n)].append(spent)
+                    if between is not None:
+                        ops[name][str(n)].append(between(n, name, base - depth))
+    cached.truncate(depth)
+    return {**out, **({"ops": ops} if between is not None else {}), **({"inside": inside} if clock is not None else {})}
 
+
+def _checked_pass_sizes(ns: Iterable[int], length: int, depth: int, reps: int, stride: int) -> list[int]:
+    """The pass sizes, sorted, after checking them, the stride, and that ids of `length` tokens hold
+    the depth and every repetition's window."""
     ns = sorted(set(int(n) for n in ns))
     if not ns or ns[0] < 1:
         raise ValueError(f"pass sizes must be >= 1, got {ns}")
     if stride < 0:
         raise ValueError(f"stride must be >= 0 tokens, got {stride}")
     need = depth + continuation_length(reps, ns[-1], stride)
-    if depth < 1 or len(ids) < need:
-        raise ValueError(f"ids of {len(ids)} tokens cannot hold depth {depth} plus {reps} passes of up to "
+    if depth < 1 or length < need:
+        raise ValueError(f"ids of {length} tokens cannot hold depth {depth} plus {reps} passes of up to "
                          f"{ns[-1]} tokens {stride} apart ({need} tokens)")
-    ids = torch.as_tensor(list(ids), dtype=torch.int64)  # [len(ids)]
+    return ns
+
+
+def _prefilled(model, ids: torch.Tensor, depth: int):
+    """The model's cache, emptied and filled with ids[:depth] in the prefill's chunks."""
     avoid_slot_prefill(model)
     cached = as_spec_model(model)
     cached.reset()  # a llama.cpp model is its own cache: start it empty, as a fresh CachedModel is
     for start in range(0, depth, PREFILL_CHUNK):  # chunks bound the [chunk, V] logits of a subword vocabulary
         cached.extend(ids[start : min(start + PREFILL_CHUNK, depth)])
-    base = depth  # the cache's length before each pass
+    return cached
 
+
+def _window_at(cached, ids: torch.Tensor, base: int, start: int) -> int:
+    """Cut the cache back to `base` and extend it, untimed, with the continuation up to `start`,
+    where the next round's window begins; returns `start`, the cache's length before its passes."""
+    cached.truncate(base)
+    if cached.length < start:
+        cached.extend(ids[cached.length : start])
+    return start
+
+
+def _timed_extend(cached, tokens: torch.Tensor, base: int, flush: Callable[[], None] | None,
+                  warmup: int = 0) -> Timing:
+    """One timed pass of `tokens` (after `warmup` untimed ones), the cache cut back to `base` and
+    flushed before each call, outside the timed interval."""
     def cut_back() -> None:
         cached.truncate(base)
         if flush is not None:
             flush()
 
-    switch = lambda kernel: switch_kernel(model, kernel)  # noqa: E731
-    names = [str(k) for k in kernels]
-    out: dict[str, dict[str, list[float]]] = {name: {str(n): [] for n in ns} for name in names}
-    ops: dict[str, dict[str, list]] = {name: {str(n): [] for n in ns} for name in names}
-    inside: dict[str, dict[str, list[float]]] = {name: {str(n): [] for n in ns} for name in names}
-    experts = find_experts(model) if isinstance(model, torch.nn.Module) else []
-    clock = ModuleClock(experts) if experts else None
-    with clock if clock is not None else contextlib.nullcontext():
-        for n in ns:
-            tokens = ids[depth : depth + n]
-            for kernel, name in zip(kernels, names):
-                switch(kernel)
-                measure(lambda: cached.extend(tokens), reps=1, warmup=warmup, flush=cut_back)
-                if between is not None and warmup:
-                    between(n, name, 0)
-        for rep in range(reps):  # rounds over every n, in an order that rotates by one each round
-            cached.truncate(base)
-            base = depth + stride * rep
-            if cached.length < base:  # untimed: the continuation before this round's window
-                cached.extend(ids[cached.length : base])
-            for n in ns[rep % len(ns):] + ns[: rep % len(ns)]:
-                tokens = ids[base : base + n]
-                for kernel, name in zip(kernels, names):
-                    switch(kernel)
-                    if clock is not None:
-                        clock.take()  # drop what ran since the last timed pass
-                    t: Timing = measure(lambda: cached.extend(tokens), reps=1, warmup=0, flush=cut_back)
-                    out[name][str(n)].append(t.samples[0])
-                    if clock is not None:
-                        inside[name][str(n)].append(clock.take())
-                    if between is not None:
-                        ops[name][str(n)].append(between(n, name, base - depth))
-    cached.truncate(depth)
-    return {**out, **({"ops": ops} if between is not None else {}), **({"inside": inside} if clock is not None else {})}
+    return measure(lambda: cached.extend(tokens), reps=1, warmup=warmup, flush=cut_back)
+
+
+def _time_pass(model, cached, tokens: torch.Tensor, base: int, kernel: str | None,
+               flush: Callable[[], None] | None, clock: ModuleClock | None) -> tuple[float, float | None]:
+    """(seconds of one pass of `tokens` with `kernel`, seconds of it inside the experts modules, or
+    None without a clock)."""
+    switch_kernel(model, kernel)
+    if clock is not None:
+        clock.take()  # drop what ran since the last timed pass
+    seconds = _timed_extend(cached, tokens, base, flush).samples[0]
+    return seconds, clock.take() if clock is not None else None
 
 
 def verified_routing(model, tokenizer, *, depths: Sequence[int] = (512,), prompts: int = PROMPT_COUNT,

@@ -305,17 +305,55 @@ def score(
     tau_slot_in_sample, S_lo and S_hi as None: there is no measured saving, so the saving's figures are
     empty, and of Table 8 the crossover and sign rules do not apply (they are left out).
     """
-    if kernel not in prediction.V:
-        raise ValueError(f"kernel={kernel!r}; the prediction has step times for {sorted(prediction.V)}")
-    n_max = prediction.n[-1] if n_max is None else int(n_max)
-    if not 2 <= n_max <= prediction.n[-1]:
-        raise ValueError(f"n_max={n_max} must lie in 2..{prediction.n[-1]}, the prediction's pass sizes")
-    ns = list(range(2, n_max + 1))
+    ns = _scored_sizes(prediction, kernel, n_max)
     idx = [prediction.n.index(n) for n in ns]
     one = tau_slot is None  # one engine kernel: nothing to measure a saving against
     t_slot, t_dedup = ([] if one else _at(tau_slot, ns, "tau_slot")), _at(tau_dedup, ns, "tau_dedup")
     S_meas = [] if one else [s - d for s, d in zip(t_slot, t_dedup)] if S is None else _at(S, ns, "S")
     lo, hi = ([], []) if one else (_at(S_lo, ns, "S_lo"), _at(S_hi, ns, "S_hi"))
+    T, V = _checked_sweep(prediction, throughput, V)
+
+    S_hat = [prediction.S[i] for i in idx]
+    err = [abs(p - m) for p, m in zip(S_hat, S_meas)]
+    M_sum = [prediction.M[COST_SLOT][i] + prediction.M[COST_DEDUP][i] for i in idx]
+    c_pred, c_meas = crossover(ns, S_hat), None if one else crossover(ns, S_meas)
+    sign_points, sign_agree = _sign_agreement(lo, hi, S_hat)
+    tau = _verify_errors(prediction, idx, ns, t_slot, t_dedup, tau_slot_in_sample, tau_dedup_in_sample, one=one)
+    s_V = _speedups(V, prediction.acceptance)
+    draft = _draft_figures(prediction, kernel, T, V, s_V)
+    noise = {}
+    if throughput_resamples is not None:
+        noise = sweep_intervals(draft["k_star_predicted"], draft["k_star_measured"], throughput_resamples, s_V)
+    within = sum(abs(p - m) <= 1 for p, m in zip(draft["k_star_predicted"], draft["k_star_measured"]))
+    verdicts = table8(rules, n_max=ns[-1], A=len(prediction.acceptance), crossover_predicted=c_pred,
+                      crossover_measured=c_meas, k_within_one=within, max_loss=max(draft["loss"]),
+                      sign_points=sign_points, sign_agree=sign_agree, tau_error=tau["tau_error"],
+                      speedup_inside=draft["speedup_inside"], one_kernel=one)
+    return Score(
+        kernel=kernel, version=prediction.version, n=ns, S_measured=S_meas, saving_error_by_n=err,
+        inside_band=[prediction.S_lo[i] <= s <= prediction.S_hi[i] for i, s in zip(idx, S_meas)],
+        amplification=[m / max(abs(s), AMPLIFICATION_FLOOR) for m, s in zip(M_sum, S_meas)],
+        eps=prediction.eps, eps_implied=None if one else implied_eps(err, M_sum), crossover_predicted=c_pred,
+        crossover_measured=c_meas, sign_points=sign_points, sign_agree=sign_agree, **tau,
+        saving_error_beyond_interval=max((max(0.0, l - s, s - h) / t for s, l, h, t in zip(S_hat, lo, hi, t_dedup)),
+                                         default=None),
+        acceptance=list(prediction.acceptance), rules=verdicts, **draft, **noise,
+    )
+
+
+def _scored_sizes(prediction: Prediction, kernel: str, n_max: int | None) -> list[int]:
+    """n = 2..n_max, the pass sizes scored; n_max defaults to the prediction's largest and may not pass it."""
+    if kernel not in prediction.V:
+        raise ValueError(f"kernel={kernel!r}; the prediction has step times for {sorted(prediction.V)}")
+    n_max = prediction.n[-1] if n_max is None else int(n_max)
+    if not 2 <= n_max <= prediction.n[-1]:
+        raise ValueError(f"n_max={n_max} must lie in 2..{prediction.n[-1]}, the prediction's pass sizes")
+    return list(range(2, n_max + 1))
+
+
+def _checked_sweep(prediction: Prediction, throughput: Any, V: Sequence[float]) -> tuple[np.ndarray, list[float]]:
+    """The measured throughput T [A, K] and step times V [K], checked against the prediction's
+    acceptance grid (A values) and draft lengths k = 0..kmax (K = kmax + 1)."""
     T = np.asarray(throughput, dtype=float)
     A, K = len(prediction.acceptance), prediction.kmax + 1
     if T.shape != (A, K):
@@ -326,39 +364,26 @@ def score(
     V = [float(v) for v in V]
     if len(V) != K:
         raise ValueError(f"V has {len(V)} step times, the prediction {K} (k = 0..{K - 1})")
+    return T, V
 
-    S_hat = [prediction.S[i] for i in idx]
-    err = [abs(p - m) for p, m in zip(S_hat, S_meas)]
-    M_sum = [prediction.M[COST_SLOT][i] + prediction.M[COST_DEDUP][i] for i in idx]
-    c_pred, c_meas = crossover(ns, S_hat), None if one else crossover(ns, S_meas)
-    # sign rule: only where the interval excludes 0, and the predicted sign must be the same
+
+def _sign_agreement(lo: Sequence[float], hi: Sequence[float], S_hat: Sequence[float]) -> tuple[int, int]:
+    """(points, agreeing): the sign rule counts only the n whose interval [lo, hi] of S(n) excludes 0,
+    and there Ŝ(n) must have the same sign."""
     decided = [(1 if l > 0 else -1, s) for l, h, s in zip(lo, hi, S_hat) if l > 0 or h < 0]
-    sign_agree = sum(sign * s > 0 for sign, s in decided)
+    return len(decided), sum(sign * s > 0 for sign, s in decided)
+
+
+def _verify_errors(prediction: Prediction, idx: Sequence[int], ns: Sequence[int], t_slot: Sequence[float],
+                   t_dedup: Sequence[float], tau_slot_in_sample: Mapping[Any, float] | None,
+                   tau_dedup_in_sample: Mapping[Any, float], *, one: bool) -> dict[str, float]:
+    """The largest relative errors of τ̂_p(n), out of sample (t_slot, t_dedup) and in sample, over both
+    kernels and over the deduplicating one; on an engine with one kernel (`one`) over that one alone."""
+    dedup_hat = [prediction.tau[COST_DEDUP][i] for i in idx]
     err_slot = [] if one else _relative_errors([prediction.tau[COST_SLOT][i] for i in idx], t_slot)
-    err_dedup = _relative_errors([prediction.tau[COST_DEDUP][i] for i in idx], t_dedup)
+    err_dedup = _relative_errors(dedup_hat, t_dedup)
     in_slot = [] if one else _relative_errors([prediction.tau[COST_SLOT][i] for i in idx],
                                               _at(tau_slot_in_sample, ns, "tau_slot_in_sample"))
-    in_dedup = _relative_errors([prediction.tau[COST_DEDUP][i] for i in idx],
-                                _at(tau_dedup_in_sample, ns, "tau_dedup_in_sample"))
-    s_V = _speedups(V, prediction.acceptance)
-    draft = _draft_figures(prediction, kernel, T, V, s_V)
-    noise = {}
-    if throughput_resamples is not None:
-        noise = sweep_intervals(draft["k_star_predicted"], draft["k_star_measured"], throughput_resamples, s_V)
-    within = sum(abs(p - m) <= 1 for p, m in zip(draft["k_star_predicted"], draft["k_star_measured"]))
-    verdicts = table8(rules, n_max=n_max, A=A, crossover_predicted=c_pred, crossover_measured=c_meas,
-                      k_within_one=within, max_loss=max(draft["loss"]), sign_points=len(decided),
-                      sign_agree=sign_agree, tau_error=max(err_slot + err_dedup),
-                      speedup_inside=draft["speedup_inside"], one_kernel=one)
-    return Score(
-        kernel=kernel, version=prediction.version, n=ns, S_measured=S_meas, saving_error_by_n=err,
-        inside_band=[prediction.S_lo[i] <= s <= prediction.S_hi[i] for i, s in zip(idx, S_meas)],
-        amplification=[m / max(abs(s), AMPLIFICATION_FLOOR) for m, s in zip(M_sum, S_meas)],
-        eps=prediction.eps, eps_implied=None if one else implied_eps(err, M_sum), crossover_predicted=c_pred,
-        crossover_measured=c_meas, sign_points=len(decided), sign_agree=sign_agree,
-        tau_error=max(err_slot + err_dedup), tau_error_dedup=max(err_dedup),
-        tau_error_in_sample=max(in_slot + in_dedup), tau_error_dedup_in_sample=max(in_dedup),
-        saving_error_beyond_interval=max((max(0.0, l - s, s - h) / t for s, l, h, t in zip(S_hat, lo, hi, t_dedup)),
-                                         default=None),
-        acceptance=list(prediction.acceptance), rules=verdicts, **draft, **noise,
-    )
+    in_dedup = _relative_errors(dedup_hat, _at(tau_dedup_in_sample, ns, "tau_dedup_in_sample"))
+    return dict(tau_error=max(err_slot + err_dedup), tau_error_dedup=max(err_dedup),
+                tau_error_in_sample=max(in_slot + in_dedup), tau_error_dedup_in_sample=max(in_dedup))

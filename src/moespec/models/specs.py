@@ -78,43 +78,70 @@ def load(
     computes the same function (`backends.exact`: no one-token pass), so greedy output is the same at every k.
     """
     if resolve_backend(spec, backend) == "llama.cpp":
-        given = {k: v for k, v in dict(dtype=dtype, layers=layers, experts_implementation=experts_implementation,
-                                       routing=routing).items() if v is not None}
-        if given or fast_linear:
-            raise ValueError(f"{', '.join([*given, *(['fast_linear'] if fast_linear else [])])} apply to the torch "
-                             "backend; the llama.cpp backend runs the GGUF file as it is")
+        _refuse_torch_options(dtype=dtype, layers=layers, experts_implementation=experts_implementation,
+                              routing=routing, fast_linear=fast_linear)
         return load_llama(spec, threads=threads, n_ctx=n_ctx, exact=exact)
     if threads is not None or n_ctx is not None:
         raise ValueError("threads and n_ctx set llama.cpp's context; on the torch backend use torch.set_num_threads")
     registry.register()
+    model, tok = _build(spec, dtype=dtype, seed=seed, layers=layers)
+    model = _prepared(model, device=device, experts_implementation=experts_implementation, routing=routing,
+                      fast_linear=fast_linear)
+    if exact:
+        from moespec.backends.exact import ExactPasses
+        from moespec.backends.protocol import as_spec_model
+
+        return ExactPasses(as_spec_model(model)), tok
+    return model, tok
+
+
+def _refuse_torch_options(*, fast_linear: bool, **options) -> None:
+    """The torch backend's options, refused on llama.cpp, which runs the GGUF file as it is."""
+    given = {k: v for k, v in options.items() if v is not None}
+    if given or fast_linear:
+        raise ValueError(f"{', '.join([*given, *(['fast_linear'] if fast_linear else [])])} apply to the torch "
+                         "backend; the llama.cpp backend runs the GGUF file as it is")
+
+
+def _build(spec: str, *, dtype, seed: int, layers: int | None):
+    """(model, tokenizer) on torch from a preset, a GGUF file or a checkpoint folder, as `load` reads the spec;
+    only a synthetic preset takes `layers`."""
     if spec.startswith(SYNTHETIC_PREFIX):
-        name = spec[len(SYNTHETIC_PREFIX):]
-        model, tok = synthetic.build(name, seed=seed, layers=layers, dtype=dtype)
-    elif spec.startswith(trained.PREFIX):
+        return synthetic.build(spec[len(SYNTHETIC_PREFIX):], seed=seed, layers=layers, dtype=dtype)
+    if spec.startswith(trained.PREFIX):
         if layers is not None:
             raise ValueError("layers= applies to synthetic presets only; a trained preset keeps its depth")
-        model, tok = trained.load_trained(spec[len(trained.PREFIX):], dtype=dtype)
-    elif gguf.is_gguf(spec) and not Path(spec).expanduser().is_dir():
+        return trained.load_trained(spec[len(trained.PREFIX):], dtype=dtype)
+    if gguf.is_gguf(spec) and not Path(spec).expanduser().is_dir():
         if layers is not None:
             raise ValueError("layers= applies to synthetic presets only; a GGUF file keeps its depth")
-        model, tok = gguf.load_gguf(spec, dtype=dtype)
-    else:
-        path = Path(spec).expanduser()
-        if not path.is_dir():
-            raise ValueError(
-                f"model {spec!r} is neither a local checkpoint folder, a .gguf file nor a preset; use a path "
-                f"to a folder with config.json or to a .gguf file, or one of: "
-                + ", ".join([SYNTHETIC_PREFIX + n for n in synthetic.preset_names()]
-                            + [trained.PREFIX + n for n in trained.names()] + [gguf.SMOLLM2])
-            )
-        if not (path / "config.json").exists():
-            raise ValueError(f"{path} has no config.json; point --model at a transformers checkpoint folder")
-        from transformers import AutoTokenizer
+        return gguf.load_gguf(spec, dtype=dtype)
+    return _load_checkpoint(spec, dtype=dtype, layers=layers)
 
-        if layers is not None:
-            raise ValueError("layers= applies to synthetic presets only; a checkpoint keeps its depth")
-        model = trained.load_folder(path, dtype=dtype)
-        tok = marked_tokenizer(path) or AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+def _load_checkpoint(spec: str, *, dtype, layers: int | None):
+    """(model, tokenizer) of a local transformers checkpoint folder, read with `local_files_only=True`."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise ValueError(
+            f"model {spec!r} is neither a local checkpoint folder, a .gguf file nor a preset; use a path "
+            f"to a folder with config.json or to a .gguf file, or one of: "
+            + ", ".join([SYNTHETIC_PREFIX + n for n in synthetic.preset_names()]
+                        + [trained.PREFIX + n for n in trained.names()] + [gguf.SMOLLM2])
+        )
+    if not (path / "config.json").exists():
+        raise ValueError(f"{path} has no config.json; point --model at a transformers checkpoint folder")
+    from transformers import AutoTokenizer
+
+    if layers is not None:
+        raise ValueError("layers= applies to synthetic presets only; a checkpoint keeps its depth")
+    model = trained.load_folder(path, dtype=dtype)
+    return model, marked_tokenizer(path) or AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def _prepared(model, *, device, experts_implementation: str | None, routing, fast_linear: bool):
+    """The built model with its experts implementation, replayed routing, device and compiled linear
+    layers set, in that order."""
     if experts_implementation is not None:
         model.set_experts_implementation(experts_implementation)
     if routing is not None:
@@ -126,9 +153,4 @@ def load(
         from moespec.moe.dense import fast_linear as switch
 
         switch(model)
-    if exact:
-        from moespec.backends.exact import ExactPasses
-        from moespec.backends.protocol import as_spec_model
-
-        return ExactPasses(as_spec_model(model)), tok
-    return model, tok
+    return model
