@@ -37,7 +37,7 @@ def simulate(policy, a: float, V: list[float], tokens: int, seed: int) -> float:
         accepted = 0
         while accepted < k and rng.random() < a:
             accepted += 1
-        policy.update(k, accepted, min(k, accepted + 1), V[k])
+        policy.update(drafted=k, accepted=accepted, tested=min(k, accepted + 1), seconds=V[k])
         got += accepted + 1
         seconds += V[k]
     return got / seconds

@@ -1,6 +1,7 @@
 """The draft-length policies alone, fed constructed rounds: with exact step times and acceptance
 AutoK is the staircase k*(a) of the cost model, and online it learns acceptance by position, step
-times, drift and the plain-decoding bar as engine/policy.py states."""
+times, drift and the plain-decoding bar as engine/policy.py states; V(k) between measured points
+follows one rule; the decode loop sees a policy only through the Policy protocol."""
 
 from fractions import Fraction as F
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from moespec.costmodel.theory import best_draft_length, speculation_pays
-from moespec.engine.policy import AutoK, FixedK, make_policy
+from moespec.engine.policy import AutoK, FixedK, Policy, interpolate_step_times, make_policy
 
 LAM = 2 ** (-1 / 16)  # a test's weight after one more drafting round (half-life 16)
 
@@ -55,7 +56,7 @@ def test_acceptance_is_estimated_by_position():
     V = [F(1), F(11, 10), F(5, 4), F(7, 5), F(31, 20)]
     policy = AutoK(4, V=V)
     for _ in range(30):  # position 1 always accepted, position 2 always rejected, 3 and 4 never reached
-        policy.update(4, accepted=1, tested=2, seconds=None)
+        policy.update(drafted=4, accepted=1, tested=2, seconds=None)
     n = (1 - LAM**30) / (1 - LAM)  # discounted tests of positions 1 and 2: 17.156
     a1 = (n + 2 * 0.5) / (n + 2)  # 0.9478
     a2 = (0 + 2 * a1) / (n + 2)  # 0.0990; positions 3 and 4, never tested, equal it
@@ -68,31 +69,31 @@ def test_acceptance_is_estimated_by_position():
 
 def test_acceptance_forgets_with_a_half_life_of_16_drafting_rounds():
     policy = AutoK(1, V=[1.0, 1.1])
-    policy.update(1, accepted=1, tested=1, seconds=None)
+    policy.update(drafted=1, accepted=1, tested=1, seconds=None)
     assert policy.state()["acceptance"] == pytest.approx([2 / 3], abs=1e-12)  # Laplace's rule (1 + 1)/(2 + 1)
     for _ in range(39):
-        policy.update(1, accepted=1, tested=1, seconds=None)
+        policy.update(drafted=1, accepted=1, tested=1, seconds=None)
     S = (1 - LAM**40) / (1 - LAM)  # 19.42 discounted successes in as many tests
     assert policy.state()["acceptance"] == pytest.approx([(S + 1) / (S + 2)], abs=1e-12)  # 0.953
     for _ in range(16):
-        policy.update(1, accepted=0, tested=1, seconds=None)
+        policy.update(drafted=1, accepted=0, tested=1, seconds=None)
     # the 40 successes now weigh half; the 16 failures (1 - 1/2)/(1 - LAM): 0.953 -> 0.456
     s, n = S / 2, S / 2 + 0.5 / (1 - LAM)
     assert policy.state()["acceptance"] == pytest.approx([(s + 1) / (n + 2)], abs=1e-12)
-    policy.update(0, accepted=0, tested=0, seconds=1.0)  # a plain round tests nothing and forgets nothing
+    policy.update(drafted=0, accepted=0, tested=0, seconds=1.0)  # a plain round tests nothing and forgets nothing
     assert policy.state()["acceptance"] == pytest.approx([(s + 1) / (n + 2)], abs=1e-12)
 
 
 def test_opening_then_the_line_through_the_timed_rounds():
     policy = AutoK(8)
     assert policy.choose() == 4  # k_open = ceil(8 / 2)
-    policy.update(4, accepted=2, tested=3, seconds=9.0)  # k = 4's warm-up round: not timed
+    policy.update(drafted=4, accepted=2, tested=3, seconds=9.0)  # k = 4's warm-up round: not timed
     assert policy.choose() == 4
-    policy.update(4, accepted=1, tested=2, seconds=1.4)
+    policy.update(drafted=4, accepted=1, tested=2, seconds=1.4)
     assert policy.choose() == 0 and policy.state()["step_s"] is None
-    policy.update(0, accepted=0, tested=0, seconds=7.0)  # plain's warm-up
+    policy.update(drafted=0, accepted=0, tested=0, seconds=7.0)  # plain's warm-up
     assert policy.choose() == 0 and policy.state()["step_s"] is None
-    policy.update(0, accepted=0, tested=0, seconds=1.0)
+    policy.update(drafted=0, accepted=0, tested=0, seconds=1.0)
     # line through (0, 1.0) and (4, 1.4): V = 1 + k/10
     assert policy.state()["step_s"] == pytest.approx([1 + k / 10 for k in range(9)], abs=1e-12)
     # position 1: 2 of 2, position 2: 1 of 2 (the older test discounted by LAM), position 3: 0 of 1
@@ -106,29 +107,29 @@ def test_opening_then_the_line_through_the_timed_rounds():
 
 def test_a_seed_gives_the_shape_and_the_timed_rounds_the_scale():
     policy = AutoK(2, V=[2.0, 3.0, 4.0])
-    policy.update(1, accepted=0, tested=1, seconds=60.0)  # warm-up
-    policy.update(0, accepted=0, tested=0, seconds=30.0)  # warm-up
+    policy.update(drafted=1, accepted=0, tested=1, seconds=60.0)  # warm-up
+    policy.update(drafted=0, accepted=0, tested=0, seconds=30.0)  # warm-up
     assert policy.state()["step_s"] == [2.0, 3.0, 4.0]
-    policy.update(1, accepted=0, tested=1, seconds=6.0)  # twice the seed at k = 1
+    policy.update(drafted=1, accepted=0, tested=1, seconds=6.0)  # twice the seed at k = 1
     assert policy.state()["step_s"] == [4.0, 6.0, 8.0]
-    policy.update(0, accepted=0, tested=0, seconds=3.0)  # ratios 1.5 and 2: their median 1.75
+    policy.update(drafted=0, accepted=0, tested=0, seconds=3.0)  # ratios 1.5 and 2: their median 1.75
     assert policy.state()["step_s"] == [3.0, 6.0, 7.0]
 
 
 def test_plain_and_one_draft_rounds_refresh_the_estimates():
     pays = AutoK(1, V=[1.0, 1.1], prior=0.9)
     for _ in range(31):
-        pays.update(1, accepted=1, tested=1, seconds=1.1)
+        pays.update(drafted=1, accepted=1, tested=1, seconds=1.1)
         assert pays.choose() == 1
-    pays.update(1, accepted=1, tested=1, seconds=1.1)
+    pays.update(drafted=1, accepted=1, tested=1, seconds=1.1)
     assert pays.choose() == 0  # 32 rounds without a plain one
-    pays.update(0, accepted=0, tested=0, seconds=1.0)
+    pays.update(drafted=0, accepted=0, tested=0, seconds=1.0)
     assert pays.choose() == 1
     idle, probes = AutoK(1, V=[1.0, 1.1], prior=0.0), []
     for r in range(150):
         k = idle.choose()
         probes += [r] * k
-        idle.update(k, accepted=0, tested=k, seconds=1.0 + k / 10)
+        idle.update(drafted=k, accepted=0, tested=k, seconds=1.0 + k / 10)
     # probes after 4, 8, 16 and then every 32 plain rounds: the wait doubles while probes fail
     assert [b - a - 1 for a, b in zip([-1] + probes, probes)] == [4, 8, 16, 32, 32, 32]
 
@@ -142,7 +143,7 @@ def test_a_slow_first_timing_does_not_lock_drafting_out():
         while accepted < k and rng.random() < 0.9:
             accepted += 1
         slow = 4.0 if policy.state()["timed_rounds"][k] == 0 else 1.0  # the first pass of a size warms up
-        policy.update(k, accepted, min(accepted + 1, k), V[k] * slow)
+        policy.update(drafted=k, accepted=accepted, tested=min(accepted + 1, k), seconds=V[k] * slow)
         chosen.append(k)
     assert chosen[20:].count(0) <= 4 and max(set(chosen[20:]), key=chosen[20:].count) >= 3
 
@@ -153,7 +154,7 @@ def _round(policy, rng, a, V) -> int:
     accepted = 0
     while accepted < k and rng.random() < a:
         accepted += 1
-    policy.update(k, accepted, min(accepted + 1, k), float(V[k]))
+    policy.update(drafted=k, accepted=accepted, tested=min(accepted + 1, k), seconds=float(V[k]))
     return k
 
 
@@ -201,15 +202,15 @@ def test_fixed_k_and_bad_arguments():
     with pytest.raises(ValueError, match="max_k \\+ 1 = 3 finite step times"):
         AutoK(2, V=[1.0, 2.0])
     with pytest.raises(ValueError, match="accepted <= tested"):
-        AutoK(2).update(2, accepted=2, tested=1, seconds=None)
+        AutoK(2).update(drafted=2, accepted=2, tested=1, seconds=None)
     assert AutoK(0).choose() == 0
 
 
 def test_the_line_prices_long_drafts_from_the_drafting_rounds():
     policy = AutoK(8)
     for k, t in ((4, 2.4), (0, 1.0), (2, 2.0)):
-        policy.update(k, accepted=0, tested=min(1, k), seconds=99.0)  # the warm-up round, not timed
-        policy.update(k, accepted=0, tested=min(1, k), seconds=t)
+        policy.update(drafted=k, accepted=0, tested=min(1, k), seconds=99.0)  # the warm-up round, not timed
+        policy.update(drafted=k, accepted=0, tested=min(1, k), seconds=t)
     V = policy.state()["step_s"]
     # through (2, 2.0) and (4, 2.4), not through plain's (0, 1.0) too, which would price V(8) at 3.9
     assert V[0] == 1.0 and V[6] == pytest.approx(2.8) and V[8] == pytest.approx(3.2)
@@ -222,7 +223,7 @@ def test_a_remembered_acceptance_starts_the_estimates_and_fades_under_the_calls_
     warm.set_acceptance([0.95, 0.95])  # positions past the given ones take the deepest given
     assert warm.alpha[1:] == [0.95] * 4 and warm.choose() == 4  # E(4)/V(4) = 4.52/2 beats E(3)/V(3) = 3.71/1.75
     for _ in range(6):  # every first draft rejected: two remembered tests against six of this call
-        warm.update(4, 0, 1, None)
+        warm.update(drafted=4, accepted=0, tested=1, seconds=None)
     assert warm.alpha[1] < 0.3 and warm.choose() < 4
     with pytest.raises(ValueError, match="before its rounds"):
         warm.set_acceptance([0.5])
@@ -236,10 +237,68 @@ def test_a_seed_of_stored_times_is_scaled_only_by_its_measured_k():
     stored = AutoK(2)
     stored.set_seed([1.0, 2.0, 2.0], anchors=[0, 1])  # V(2) was filled in, not measured
     for policy in (shape, stored):
-        policy.update(2, 2, 2, 9.0)  # the warm-up round of k = 2, not timed
-        policy.update(2, 2, 2, 4.0)  # k = 2 takes twice its seed value
+        policy.update(drafted=2, accepted=2, tested=2, seconds=9.0)  # the warm-up round of k = 2, not timed
+        policy.update(drafted=2, accepted=2, tested=2, seconds=4.0)  # k = 2 takes twice its seed value
     assert shape.V == [2.0, 4.0, 4.0]  # a prediction's shape: every untimed k scales with it
     assert stored.V == [1.0, 2.0, 4.0]  # measured times stay; the filled-in one is replaced
-    stored.update(0, 0, 0, 9.0)
-    stored.update(0, 0, 0, 1.5)  # an anchor timed: it sets the scale of the untimed anchors
+    stored.update(drafted=0, accepted=0, tested=0, seconds=9.0)
+    stored.update(drafted=0, accepted=0, tested=0, seconds=1.5)  # an anchor timed: it sets the scale of the untimed anchors
     assert stored.V == [1.5, 3.0, 4.0]
+
+
+def test_one_rule_for_step_times_between_and_beyond_measured_points():
+    rule = interpolate_step_times
+    # between drafting points their line; beyond the largest the line through the two largest;
+    # below the smallest the line through the two smallest (plain's point is in no line)
+    assert rule({0: 1.0, 2: 2.0, 4: 2.4, 8: 4.0}, 9) == pytest.approx([1.0, 1.8, 2.0, 2.2, 2.4, 2.8, 3.2, 3.6, 4.0, 4.4])
+    assert rule({0: 1.0, 4: 1.4}, 6) == pytest.approx([1 + k / 10 for k in range(7)])  # one drafting point: through plain's
+    assert rule({0: 1.0, 1: 1.1, 4: 2.0, 8: 6.0}, 8)[6] == pytest.approx(4.0)  # local: convex times are followed
+    assert rule({0: 1.0, 4: 2.0, 5: 1.5}, 7)[6:] == [1.5, 1.5]  # a longer pass is no faster than the largest
+    assert rule({0: 1.0, 4: 2.0, 5: 4.0}, 5)[1:4] == [1.0, 1.0, 1.0]  # below the smallest: >= V(0)
+    assert rule({0: 1.0, 8: 3.0}, 4) is None and rule({0: 1.0}, 4) is None and rule({1: 1.0, 3: 4.0}, 4) is None
+    policy = AutoK(8)  # AutoK's estimate of an untimed k is the rule's
+    for k, t in ((4, 2.4), (0, 1.0), (2, 2.0), (8, 4.0)):
+        policy.update(drafted=k, accepted=0, tested=min(1, k), seconds=99.0)  # the warm-up round, not timed
+        policy.update(drafted=k, accepted=0, tested=min(1, k), seconds=t)
+    assert policy.V == rule({0: 1.0, 2: 2.0, 4: 2.4, 8: 4.0}, 8)
+
+
+class _Alternating:
+    """A policy written outside the package: max_k, then plain, in turn; it keeps every update."""
+
+    def __init__(self, max_k: int):
+        self.max_k, self.updates, self.started = max_k, [], []
+
+    def choose(self) -> int:
+        return self.max_k if len(self.updates) % 2 == 0 else 0
+
+    def update(self, *, drafted, accepted, tested, seconds):
+        self.updates.append(dict(drafted=drafted, accepted=accepted, tested=tested, seconds=seconds))
+
+    def state(self) -> dict:
+        return {"policy": "alternating", "rounds": len(self.updates)}
+
+    wants_seed = True
+
+    def start(self, *, V=None, anchors=None, acceptance=None):
+        self.started.append(len(self.updates))
+
+    def learned(self):
+        return None
+
+
+def test_the_loop_sees_a_policy_only_through_the_protocol(table_lm):
+    from moespec.engine.decode import generate
+
+    assert all(isinstance(p, Policy) for p in (FixedK(2), AutoK(2), _Alternating(2)))
+    target, draft = table_lm(48, seed=1), table_lm(48, seed=2)
+    policy = _Alternating(3)
+    out = generate(target, [1, 2, 3], draft=draft, k=policy, max_new_tokens=24, warm_start="timed")
+    assert policy.started == [0]  # the warm start, before the first round
+    s, ups = out.stats, policy.updates
+    assert s.k_per_round == tuple(3 if i % 2 == 0 else 0 for i in range(s.rounds)) and len(ups) == s.rounds
+    budgets = [24 - sum(s.tokens_per_round[:i]) - 1 for i in range(s.rounds)]  # a round never runs past the budget
+    assert [u["drafted"] for u in ups] == [min(k, b) for k, b in zip(s.k_per_round, budgets)]
+    assert sum(u["accepted"] for u in ups) == s.accepted and sum(u["tested"] for u in ups) == sum(s.reached_by_position)
+    assert ups[0]["seconds"] is None and all(u["seconds"] > 0 for u in ups[1:])  # the first round is no step
+    assert s.policy == {"policy": "alternating", "rounds": s.rounds, "warm_start": s.policy["warm_start"]}

@@ -1,8 +1,8 @@
-"""The warm start of k="auto" (`engine.warm_start`): the timing leaves both caches as they were, so
-greedy output is the same with and without it (torch and llama.cpp); it keeps to its budget (on a
-fake clock); the store (the default) seeds a later call of the same models on the same machine and no
-other, and a miss decodes cold; a corrupt store warns once and is replaced; a fixed k, given step
-times or a used AutoK get none."""
+"""The warm start of k="auto" (`engine.warm_start`, its store `engine.step_store`): the timing leaves
+both caches as they were, so greedy output is the same with and without it (torch and llama.cpp);
+it keeps to its budget (on a fake clock); the store (the default) seeds a later call of the same
+models on the same machine and no other, each keyed by its own identity, and a miss decodes cold; a
+corrupt store warns once and is replaced; a fixed k, given step times or a used AutoK get none."""
 
 import functools
 import json
@@ -13,10 +13,10 @@ import torch
 
 import moespec.engine.decode as decode
 from moespec.backends.torch_model import CachedModel
-from moespec.engine import warm_start
+from moespec.engine import step_store, warm_start
 from moespec.engine.decode import generate
-from moespec.engine.policy import AutoK
-from moespec.engine.proposers import OracleDraft
+from moespec.engine.policy import AutoK, Learned
+from moespec.engine.proposers import DraftModel, OracleDraft, PromptLookup
 from moespec.models import synthetic
 
 from ..conftest import require_llama
@@ -57,23 +57,23 @@ def test_pass_sizes_are_timed_ends_first_and_seeds_interpolate():
     assert warm_start.size_order(9) == [1, 2, 9, 5, 3, 7, 4, 6, 8]
     assert warm_start.size_order(2) == [1, 2] and warm_start.size_order(3) == [1, 2, 3]
     tau = {1: 1.0, 2: 2.0, 6: 4.0}
-    assert [warm_start.interpolate(tau, n) for n in (2, 4, 8)] == [2.0, 3.0, 5.0]
-    assert warm_start.interpolate({1: 1.0, 2: 0.5}, 5) == 0.5  # a line falling with n stops at the largest
-    assert warm_start.interpolate({1: 1.5}, 3) == 4.5  # one point: proportional, an upper bound
+    assert [warm_start.predict_pass(tau, n) for n in (2, 4, 8)] == [2.0, 3.0, 5.0]
+    assert warm_start.predict_pass({1: 1.0, 2: 0.5}, 5) == 0.5  # a line falling with n stops at the largest
+    assert warm_start.predict_pass({1: 1.5}, 3) == 4.5  # one point: proportional, an upper bound
     # a pass slower than the one-token passes it could be split into counts as those
     assert warm_start.seed_from_passes({1: 1.0, 2: 5.0, 3: 2.5}, 0.5, 3) == [1.0, 2.5, 3.5, 4.5]
     assert warm_start.seed_from_passes({1: 1.0}, 0.5, 3) is None
     # a store entry: its medians, linear between them and beyond; plain decoding's and a k >= 1 are needed
-    assert warm_start.seed_from_entry({"measured": {"0": 1.0, "3": 4.0}}, 4) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert step_store.seed_from_entry({"measured": {"0": 1.0, "3": 4.0}}, 4) == [1.0, 2.0, 3.0, 4.0, 5.0]
     # a k timed in fewer than MIN_ROUNDS rounds over the calls is left to the points around it
     entry = {"measured": {"0": 1.0, "1": 1.5, "2": 9.0, "3": 2.0}, "rounds": {"0": 1, "1": 5, "2": 1, "3": 4}}
-    assert warm_start.seed_from_entry(entry, 4) == [1.0, 1.5, 1.75, 2.0, 2.25]
+    assert step_store.seed_from_entry(entry, 4) == [1.0, 1.5, 1.75, 2.0, 2.25]
     # below the smallest drafting point, the line through the two smallest, not the one from plain's
-    assert warm_start.seed_from_entry({"measured": {"0": 1.0, "3": 4.0, "5": 5.0}}, 6) == [1.0, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5]
-    assert warm_start.seed_from_entry({"measured": {"0": 1.0, "4": 2.0, "5": 4.0}}, 5)[1:4] == [1.0, 1.0, 1.0]  # >= V(0)
-    assert warm_start.seed_from_entry({"measured": {"0": 1.0, "1": 1.5, "3": 2.0}}, 4) == [1.0, 1.5, 1.75, 2.0, 2.25]
-    assert warm_start.seed_from_entry({"measured": {"0": 1.0}}, 4) is None
-    assert warm_start.seed_from_entry({"measured": {"1": 1.0, "3": 4.0}}, 4) is None
+    assert step_store.seed_from_entry({"measured": {"0": 1.0, "3": 4.0, "5": 5.0}}, 6) == [1.0, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5]
+    assert step_store.seed_from_entry({"measured": {"0": 1.0, "4": 2.0, "5": 4.0}}, 5)[1:4] == [1.0, 1.0, 1.0]  # >= V(0)
+    assert step_store.seed_from_entry({"measured": {"0": 1.0, "1": 1.5, "3": 2.0}}, 4) == [1.0, 1.5, 1.75, 2.0, 2.25]
+    assert step_store.seed_from_entry({"measured": {"0": 1.0}}, 4) is None
+    assert step_store.seed_from_entry({"measured": {"1": 1.0, "3": 4.0}}, 4) is None
 
 
 class _Clock:
@@ -178,8 +178,8 @@ def test_the_store_seeds_the_next_call_of_the_same_models(pair, store, whole_tim
     second = generate(target, prompt, draft=draft, k=AutoK(4), max_new_tokens=NEW, vocab_limit=REAL)
     assert second.tokens == first.tokens == expected
     assert _warm(second)["source"] == "store" and _warm(second)["pass_s"] == {} and second.stats.policy["seeded"]
-    assert _warm(second)["V"] == warm_start.seed_from_entry(entry, 4)
-    steady = [k for k in measured if k == 0 or entry["rounds"][str(k)] >= warm_start.MIN_ROUNDS]
+    assert _warm(second)["V"] == step_store.seed_from_entry(entry, 4)
+    steady = [k for k in measured if k == 0 or entry["rounds"][str(k)] >= step_store.MIN_ROUNDS]
     assert [_warm(second)["V"][k] for k in steady] == [measured[k] for k in steady]
     # the oracle (another proposer) misses; "timed" times and writes nothing
     third = generate(target, prompt, draft=OracleDraft(0.8), k="auto", max_k=4, max_new_tokens=NEW, vocab_limit=REAL)
@@ -195,10 +195,10 @@ def test_another_model_or_machine_finds_no_entry(pair, store, whole_timing, monk
     run = lambda t: _warm(generate(t, prompt, draft=draft, k="auto", max_k=4, max_new_tokens=NEW, vocab_limit=REAL))
     assert run(target)["source"] is None and run(target)["source"] == "store"
     assert run(other)["source"] is None
-    machine = warm_start.machine_key()
-    monkeypatch.setattr(warm_start, "machine_key", lambda: {**machine, "cpu": "another CPU"})
+    machine = step_store.machine_key()
+    monkeypatch.setattr(step_store, "machine_key", lambda: {**machine, "cpu": "another CPU"})
     assert run(target)["source"] is None
-    monkeypatch.setattr(warm_start, "machine_key", lambda: machine)
+    monkeypatch.setattr(step_store, "machine_key", lambda: machine)
     before = torch.get_num_threads()
     torch.set_num_threads(before + 1)
     try:
@@ -207,6 +207,25 @@ def test_another_model_or_machine_finds_no_entry(pair, store, whole_timing, monk
         torch.set_num_threads(before)
     assert run(target)["source"] == "store" and len(json.loads(store.read_text())["entries"]) == 4
     assert whole_timing == []  # the store never times
+
+
+def test_each_model_and_proposer_states_its_own_key(pair, store, table_lm):
+    from moespec.backends.exact import ExactPasses
+    from moespec.provenance import model_fingerprint
+
+    target, draft, prompt = pair
+    key = step_store.store_key(CachedModel(target), DraftModel(draft))
+    assert key["target"]["backend"] == "torch" and key["target"]["fingerprint"] == model_fingerprint(target)
+    assert key["draft"]["fingerprint"] == model_fingerprint(draft) and key["target"]["threads"] == 1
+    assert (key["proposer"], key["options"], key["machine"]) == ("DraftModel", {}, step_store.machine_key())
+    assert step_store.store_key(CachedModel(target), PromptLookup(3))["options"] == {"n": 3}
+    exact = step_store.store_key(ExactPasses(CachedModel(target)), OracleDraft(0.5))
+    assert exact["target"] == {**key["target"], "wrapper": "ExactPasses"} and exact["draft"] is None
+    # a table model states none: no key, and its calls decode cold and write nothing
+    assert step_store.store_key(table_lm(48), PromptLookup(2)) is None
+    assert step_store.store_key(CachedModel(target), DraftModel(table_lm(48))) is None
+    out = generate(table_lm(48), [1, 2, 3], draft=table_lm(48, seed=1), k="auto", max_k=3, max_new_tokens=16)
+    assert _warm(out)["source"] is None and not store.exists()
 
 
 @pytest.mark.parametrize("text", [
@@ -224,7 +243,7 @@ def test_a_corrupt_store_warns_once_and_is_replaced(pair, store, whole_timing, t
     (warning,) = caught
     assert str(warning.message).startswith(f"ignoring the step-time store {store} (") and warning.filename == __file__
     assert out.tokens == generate(target, prompt, k=0, max_new_tokens=NEW, vocab_limit=REAL).tokens
-    assert _warm(out)["source"] is None and len(warm_start.read_store(store)) == 1
+    assert _warm(out)["source"] is None and len(step_store.read_store(store)) == 1
 
 
 def test_no_warm_start_for_a_fixed_k_given_step_times_or_a_used_autok(pair, whole_timing):
@@ -273,6 +292,9 @@ def test_llama_cpp_caches_are_restored_and_output_is_the_same(gguf_files, store,
     (entry,) = json.loads(store.read_text())["entries"].values()
     assert entry["key"]["target"]["gguf"].endswith("olmoe-q8_0.gguf") and entry["key"]["target"]["threads"] == 1
     assert entry["key"]["target"]["wrapper"] == "ExactPasses" and entry["key"]["draft"]["backend"] == "llama.cpp"
+    from moespec.provenance import file_fingerprint
+
+    assert entry["key"]["target"]["fingerprint"] == file_fingerprint(gguf_files["olmoe-q8_0"])  # the one file identity
 
 
 def test_the_store_remembers_the_pairs_acceptance_and_the_next_call_starts_there(pair, store, whole_timing):
@@ -281,11 +303,19 @@ def test_the_store_remembers_the_pairs_acceptance_and_the_next_call_starts_there
     first = generate(target, prompt, draft=OracleDraft(0.9, seed=1), **kw)
     (entry,) = json.loads(store.read_text())["entries"].values()
     assert entry["acceptance"] == first.stats.policy["acceptance"] and entry["key"]["options"] == {"acceptance": 0.9}
+    # step times where the remembered acceptance decides: at α = 1/2 (a cold policy) one draft is best,
+    # E(1)/V(1) = 1.2; at α = 0.95, four, E(4)/V(4) = 2.26 (test_policy: remembered acceptance)
+    V, remembered = [1.0, 1.25, 1.5, 1.75, 2.0], [0.95] * 4
+    doc = json.loads(store.read_text())
+    doc["entries"][next(iter(doc["entries"]))].update(
+        measured={str(k): v for k, v in enumerate(V)}, rounds={str(k): 9 for k in range(5)}, acceptance=remembered)
+    store.write_text(json.dumps(doc))
     fresh = AutoK(4)
     second = generate(target, prompt, draft=OracleDraft(0.9, seed=2), k=fresh, max_new_tokens=NEW, vocab_limit=REAL)
-    assert _warm(second)["acceptance"] == entry["acceptance"]
+    assert _warm(second)["acceptance"] == remembered and _warm(second)["V"] == V
     expect = AutoK(4, V=_warm(second)["V"])
-    expect.set_acceptance(entry["acceptance"])
+    expect.set_acceptance(remembered)
+    assert AutoK(4, V=V).choose() == 1 and expect.choose() == 4  # the remembered α changes the choice
     assert second.stats.k_per_round[0] == expect.choose()  # the first round drafts by the remembered α
     # another oracle acceptance (or another lookup size) is another drafter: its own entry, a miss
     assert _warm(generate(target, prompt, draft=OracleDraft(0.2, seed=3), **kw))["source"] is None
@@ -299,13 +329,19 @@ def test_the_store_remembers_the_pairs_acceptance_and_the_next_call_starts_there
 
 
 def test_a_call_averages_its_times_into_the_entry_by_rounds(store):
-    warm = warm_start.WarmStart("store", None, None, 0.0, key={"model": "m"})
-    warm_start.remember(warm, {0: 1.0, 2: 4.0}, [0.5, 0.4], {0: 3, 2: 1})
-    warm_start.remember(warm, {0: 2.0, 4: 6.0}, None, {0: 1, 4: 5})
-    (entry,) = warm_start.read_store(store).values()
+    key = {"model": "m"}
+    step_store.remember(key, Learned({0: 1.0, 2: 4.0}, {0: 3, 2: 1}, (0.5, 0.4)))
+    step_store.remember(key, Learned({0: 2.0, 4: 6.0}, {0: 1, 4: 5}, None))
+    (entry,) = step_store.read_store(store).values()
     assert entry["measured"] == {"0": 1.25, "2": 4.0, "4": 6.0} and entry["rounds"] == {"0": 4, "2": 1, "4": 5}
     assert entry["acceptance"] == [0.5, 0.4]  # a call that drafted nothing keeps the last acceptance
-    for _ in range(100):  # the stored time stands for at most MAX_WEIGHT rounds: a new machine state shows
-        warm_start.remember(warm, {0: 3.0}, None, {0: 1})
-    (entry,) = warm_start.read_store(store).values()
-    assert abs(entry["measured"]["0"] - 3.0) < 0.1
+    W, calls = step_store.MAX_WEIGHT, 100
+    assert 4 < W < calls
+    for _ in range(calls):  # the stored time stands for at most MAX_WEIGHT rounds: a new machine state shows
+        step_store.remember(key, Learned({0: 3.0}, {0: 1}, None))
+    (entry,) = step_store.read_store(store).values()
+    # the first W - 4 calls bring the stored rounds from 4 to W: the mean of them all; then each call
+    # moves the stored time 1/(W + 1) of the way to 3.0 (without the cap, 3.0 - 1.75 * 4/104 = 2.93)
+    capped = (1.25 * 4 + 3.0 * (W - 4)) / W
+    assert entry["measured"]["0"] == pytest.approx(3.0 - (3.0 - capped) * (W / (W + 1)) ** (calls - (W - 4)), rel=1e-12)
+    assert entry["rounds"]["0"] == W + 1

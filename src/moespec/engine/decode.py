@@ -3,8 +3,8 @@
 `generate` checks its arguments and sets the call up (the policy, the proposer, the sampler's width
 and vocabulary, the store's key); `_decode` is the timed part: `round.prefill`, the warm start
 (`engine.warm_start`), then `round.run_round` until the budget, an EOS or max_steps, each round's
-record counted by a `stats.RoundLog` and fed to the policy, which alone decides the next round's
-draft length.
+record counted by a `stats.RoundLog` and fed to the policy (`policy.Policy`), which alone decides
+the next round's draft length.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import torch
 
 from moespec.backends.protocol import as_spec_model
 from moespec.device import peak_rss_bytes, synchronize
-from moespec.engine.policy import AutoK, make_policy
+from moespec.engine.policy import Policy, make_policy
 from moespec.engine.proposers import DraftModel, Proposer
 from moespec.engine.round import prefill, run_round
 from moespec.engine.sampling import Sampler, SamplingConfig
 from moespec.engine.stats import GenerationResult, RoundLog
-from moespec.engine.warm_start import prepare, remember, resolve_mode, run_key, store_path
+from moespec.engine.step_store import remember, store_key
+from moespec.engine.warm_start import prepare, resolve_mode
 
 
 def check_pairing(target_tok, draft_tok) -> None:
@@ -90,8 +91,8 @@ def _as_proposer(draft) -> Proposer | None:
     if hasattr(draft, "extend") or hasattr(draft, "config"):
         return DraftModel(draft)
     raise TypeError(
-        f"draft must be None, a causal LM, or a proposer (DraftModel, PromptLookup, OracleDraft); "
-        f"got {type(draft).__name__}"
+        f"draft must be None, a causal LM, or a proposer (DraftModel, PromptLookup, OracleDraft, or an object "
+        f"with the Proposer protocol's cache, begin, propose, commit and identity); got {type(draft).__name__}"
     )
 
 
@@ -117,7 +118,7 @@ def generate(
     input_ids: Sequence[int] | torch.Tensor,
     *,
     draft=None,
-    k: int | str | AutoK = 4,
+    k: int | str | Policy = 4,
     max_k: int = 8,
     step_times: Sequence[float] | None = None,
     temperature: float = 0.0,
@@ -137,9 +138,9 @@ def generate(
     draft: None (plain decoding), a causal LM or SpecModel (wrapped as DraftModel) or a `Proposer`. k: drafts per round (0 = plain decoding), or "auto": each
     round drafts the k in 0..max_k with the most expected tokens per second (`policy.AutoK`), from
     acceptance by position and step times learned from the past rounds; `step_times` (V(0..max_k),
-    seconds) seeds the step times. An `AutoK` instance as k is used and updated in place: pass the
-    same one to successive calls with the same pair and it starts from what it learned (max_k is
-    then its own). The choice depends on past rounds only, so decoding stays lossless
+    seconds) seeds the step times. An `AutoK` instance (any `policy.Policy`) as k is used and updated
+    in place: pass the same one to successive calls with the same pair and it starts from what it
+    learned (max_k is then its own). The choice depends on past rounds only, so decoding stays lossless
     (greedy output is the same tokens); as it follows measured times, at temperature > 0 a seed fixes
     the law of the output, not its tokens. Sampling is temperature/top-k/top-p target sampling, greedy at
     temperature 0, seeded by `seed`.
@@ -157,12 +158,13 @@ def generate(
     warm_start: for k="auto" without step_times (an AutoK as k: one not yet seeded nor timed), the
     seed of V(0..max_k) right after the prefill (`engine.warm_start`), inside the call's time:
     True or "store": the step times that earlier calls of the same models on this machine measured
-    (`~/.cache/moespec/step-times.json`; $MOESPEC_STEP_TIMES names another file, empty: none), else
-    none, and the call's measured step times are written back for the next; "timed": a short timing
-    of target passes of 1..max_k+1 tokens and of the draft's steps on the real caches (restored: the
-    output is the same), no file; False: none, the policy opens with timed rounds. Ignored
-    for a fixed k. `stats.policy["warm_start"]` says where the seed came from and what it cost; the
-    store's key hashes a torch model's weights once per loaded model, before the call's clock starts.
+    (`engine.step_store`: `~/.cache/moespec/step-times.json`; $MOESPEC_STEP_TIMES names another file,
+    empty: none) under the models' own `identity()`, else none, and the call's measured step times
+    are written back for the next; "timed": a short timing of target passes of 1..max_k+1 tokens and
+    of the draft's steps on the real caches (restored: the output is the same), no file; False:
+    none, the policy opens with timed rounds. Ignored for a fixed k. `stats.policy["warm_start"]`
+    says where the seed came from and what it cost; the store's key hashes a torch model's weights
+    once per loaded model, before the call's clock starts.
     """
     policy = make_policy(k, max_k, step_times)
     if max_new_tokens < 0:
@@ -174,8 +176,8 @@ def generate(
     tgt = as_spec_model(target)
     tgt.reset()
     proposer = _as_proposer(draft) if policy.max_k > 0 else None
-    mode = resolve_mode(warm_start, policy, step_times) if proposer is not None else None
-    key = run_key(tgt, proposer) if mode == "store" and store_path() is not None else None  # hashes weights once
+    mode = resolve_mode(warm_start, policy) if proposer is not None else None
+    key = store_key(tgt, proposer) if mode == "store" else None  # hashes a torch model's weights once
     draft_cache = proposer.cache if proposer is not None else None
     width, vocab_limit = _sampling_width(tgt, draft_cache, vocab_limit)
     for role, m in (("target", tgt), ("draft", draft_cache)):
@@ -189,7 +191,7 @@ def generate(
                    clock=time.perf_counter)
 
 
-def _decode(target, proposer: Proposer | None, sampler: Sampler, policy, prompt: torch.Tensor, *,
+def _decode(target, proposer: Proposer | None, sampler: Sampler, policy: Policy, prompt: torch.Tensor, *,
             max_new_tokens: int, max_steps: int | None, eos: set[int], prefill_last: bool, warm_mode: str | None,
             key: dict | None, clock) -> GenerationResult:
     """The timed part of `generate`: the prefill, the warm start, then rounds until max_new_tokens
@@ -207,10 +209,7 @@ def _decode(target, proposer: Proposer | None, sampler: Sampler, policy, prompt:
         if warm_mode is not None:
             warm = prepare(warm_mode, target=target, proposer=proposer, context=prompt, max_k=policy.max_k,
                            max_new_tokens=max_new_tokens, key=key, clock=clock)
-            if warm.V is not None:
-                policy.set_seed(warm.V, warm.anchors)
-            if warm.acceptance is not None:
-                policy.set_acceptance(warm.acceptance)
+            policy.start(V=warm.V, anchors=warm.anchors, acceptance=warm.acceptance)
             log.add_passes(verify_s=warm.seconds - warm.draft_s, draft_s=warm.draft_s)  # as the prefill's
     length, stop = P, "max_new_tokens"
     while length - P < max_new_tokens:
@@ -223,13 +222,13 @@ def _decode(target, proposer: Proposer | None, sampler: Sampler, policy, prompt:
                       k=min(chosen, budget), pending=pending, eos=eos, clock=clock)
         pending, length = None, length + r.new_tokens
         log.add(r, clock())
-        policy.update(r.drafted, r.accepted, r.tested, r.seconds if r.timed else None)
+        policy.update(drafted=r.drafted, accepted=r.accepted, tested=r.tested,
+                      seconds=r.seconds if r.timed else None)
         if r.eos:
             stop = "eos"
             break
-    if warm is not None:
-        remember(warm, policy.measured(), policy.alpha[1:] if any(policy.tests) else None,
-                 dict(enumerate(policy.timed)))
+    if warm is not None and warm.key is not None:
+        remember(warm.key, policy.learned())
     synchronize(device)
     total_s = clock() - log.start
     state = policy.state()

@@ -5,10 +5,12 @@ A round that drafts k tokens commits E(k) = 1 + α_1 + α_1 α_2 + ... + α_1⋯
 and takes V(k) seconds (k draft steps and a verify pass of k + 1 tokens). Its throughput is
 E(k)/V(k); k = 0 is plain decoding, and k beats it exactly when the speedup condition (8) holds.
 
-`FixedK` drafts the same k every round. `AutoK` drafts the smallest maximizer of E(k)/V(k) over
-k = 0..max_k under estimates taken from past rounds only (of this call, and of earlier calls when
-the same AutoK is passed again as `generate(k=policy)`: its step times then need no new opening), so the committed tokens follow the same
-law as at any fixed k: the choice changes how many tokens are drafted, never the law of those
+`Policy` is what the decode loop sees of a policy: `choose` before a round, `update` after it, and
+the warm start's three members (`wants_seed`, `start`, `learned`). `FixedK` drafts the same k every
+round. `AutoK` drafts the smallest maximizer of E(k)/V(k) over k = 0..max_k under estimates taken
+from past rounds only (of this call, and of earlier calls when the same AutoK is passed again as
+`generate(k=policy)`: its step times then need no new opening), so the committed tokens follow the
+same law as at any fixed k: the choice changes how many tokens are drafted, never the law of those
 committed (nor, under greedy decoding, the tokens).
 
 AutoK's estimates and rules (every rule is deterministic, so a run can be repeated):
@@ -27,11 +29,9 @@ AutoK's estimates and rules (every rule is deterministic, so a run can be repeat
   again to correct it). A k never timed takes, given a seed V (e.g. a prediction artifact's step times), the seed
   times the median ratio measured/seed over the timed k (the seed gives the shape, the rounds the
   scale; a seed of stored times names its measured k, `anchors`, and only those set the scale);
-  without a seed, the least-squares line in k through the timed medians of the drafting
-  rounds (through plain's too while fewer than two k >= 1 are timed: a one-token pass is another
-  regime, and the jump from it to a two-token pass would steepen the line and overprice long drafts),
-  never below the fastest of them. Without a seed, an opening times one round at k_open = ceil(max_k / 2) and one
-  plain round, so that the line has two points.
+  without a seed, `interpolate_step_times` of the timed medians (the one rule for V(k) between
+  measured points, which the warm start's seeds follow too). Without a seed, an opening times one
+  round at k_open = ceil(max_k / 2) and one plain round, so that the rule has its two points.
 - exploration: a k never timed is drafted when its estimated throughput is the best, and is timed
   from its second round on, so each k is explored in about two rounds. Once `refresh` (32) rounds have passed without a timed
   plain round, a choice k >= 1 gives way to one plain round: V(0) is the bar "never slower than
@@ -46,8 +46,81 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from statistics import median
+from typing import Protocol, runtime_checkable
+
+
+def interpolate_step_times(measured: Mapping[int, float], max_k: int) -> list[float] | None:
+    """V(0..max_k) from the step times measured at some k: the one rule for V(k) between and beyond
+    measured points (AutoK's estimate, the store's seed and the timed seed all use it).
+
+    A measured k keeps its time. The others lie on lines through measured drafting points (k >= 1):
+    between two, the line through them; beyond the largest, the line through the two largest, never
+    below the largest (a longer pass is no faster); below the smallest, the line through the two
+    smallest, kept between V(0) and the smallest's time. Plain decoding's point (k = 0) enters a line
+    only while a single drafting point is measured (then the line through it and plain's): a
+    one-token pass is another regime, and a line from it spreads the jump to a two-token pass over
+    every k (benchmarks/auto_k_warm.py: it underpriced short drafts, and a global line through every
+    point overpriced long ones). None unless plain decoding's and one k >= 1 are measured.
+    """
+    measured = {k: t for k, t in measured.items() if 0 <= k <= max_k}
+    drafting = sorted((k, t) for k, t in measured.items() if k >= 1)
+    if 0 not in measured or not drafting:
+        return None
+    points = drafting if len(drafting) >= 2 else [(0, measured[0]), *drafting]
+    (first, t_first), (last, t_last) = points[0], points[-1]
+
+    def at(k: int) -> float:
+        if k in measured:
+            return measured[k]
+        i = 1 if k < first else len(points) - 1 if k > last else next(j for j, (m, _) in enumerate(points) if m > k)
+        (k0, t0), (k1, t1) = points[i - 1], points[i]
+        t = t0 + (t1 - t0) / (k1 - k0) * (k - k0)
+        if k > last:
+            return max(t, t_last)
+        return min(max(t, measured[0]), t_first) if k < first else t
+
+    return [at(k) for k in range(max_k + 1)]
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What a policy measured in a call, for the warm start's store (`step_store.remember`)."""
+
+    step_s: dict[int, float]  # {k: median seconds of the timed rounds that drafted k}, the k timed
+    rounds: dict[int, int]  # {k: timed rounds behind step_s[k]}
+    acceptance: tuple[float, ...] | None  # α_1..α_max_k at the end; None when no position was tested
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What the decode loop calls on a draft-length policy; it knows no concrete one."""
+
+    max_k: int  # the longest draft a round may ask for
+
+    def choose(self) -> int:
+        """The draft length of the next round, in 0..max_k, from past rounds only."""
+
+    def update(self, *, drafted: int, accepted: int, tested: int, seconds: float | None) -> None:
+        """After a round that drafted `drafted` tokens: the walk tested positions 1..tested and accepted
+        1..accepted; seconds is the round's wall time, or None when the round is no step to time."""
+
+    def state(self) -> dict:
+        """The policy and its estimates as plain JSON values (`Stats.policy`)."""
+
+    @property
+    def wants_seed(self) -> bool:
+        """True when a warm start would help: it learns step times and has neither a seed nor a timed round."""
+
+    def start(self, *, V: Sequence[float] | None = None, anchors: Sequence[int] | None = None,
+              acceptance: Sequence[float] | None = None) -> None:
+        """Before the first round: a warm start's seed of V(0..max_k) (anchors: its measured k) and
+        remembered acceptances α_1..; None leaves that estimate cold."""
+
+    def learned(self) -> Learned | None:
+        """What this call measured, for the next call's warm start; None when it learns nothing."""
 
 
 class FixedK:
@@ -59,11 +132,22 @@ class FixedK:
     def choose(self) -> int:
         return self.k
 
-    def update(self, k: int, accepted: int, tested: int, seconds: float | None) -> None:
+    def update(self, *, drafted: int, accepted: int, tested: int, seconds: float | None) -> None:
         """A fixed k learns nothing from its rounds."""
 
     def state(self) -> dict:
         return {"policy": "fixed", "k": self.k}
+
+    @property
+    def wants_seed(self) -> bool:
+        """False: a fixed k needs no step times."""
+        return False
+
+    def start(self, *, V=None, anchors=None, acceptance=None) -> None:
+        """A fixed k takes no seed."""
+
+    def learned(self) -> None:
+        return None
 
 
 class AutoK:
@@ -123,12 +207,13 @@ class AutoK:
             return drafting  # a probe, where some k would pay were every draft accepted
         return best
 
-    def update(self, k: int, accepted: int, tested: int, seconds: float | None) -> None:
-        """After a round that drafted k tokens: the walk tested positions 1..tested and accepted
+    def update(self, *, drafted: int, accepted: int, tested: int, seconds: float | None) -> None:
+        """After a round that drafted `drafted` tokens: the walk tested positions 1..tested and accepted
         1..accepted; seconds is the round's wall time, or None when the round is no step to time."""
+        k = drafted
         if not 0 <= accepted <= tested <= k <= self.max_k:
-            raise ValueError(f"update needs 0 <= accepted <= tested <= k <= max_k = {self.max_k}; "
-                             f"got accepted={accepted}, tested={tested}, k={k}")
+            raise ValueError(f"update needs 0 <= accepted <= tested <= drafted <= max_k = {self.max_k}; "
+                             f"got accepted={accepted}, tested={tested}, drafted={k}")
         if k:  # a drafting round: older tests weigh less, then this round's count
             m, alpha = self.prior_tests, self.alpha
             for i in range(1, self.max_k + 1):
@@ -148,6 +233,19 @@ class AutoK:
             self.timed[k] += 1
             self._median[k] = median(self._times[k])
             self.V = self._step_times()
+
+    @property
+    def wants_seed(self) -> bool:
+        """True while it drafts (max_k >= 1) and has neither a seed nor a timed round."""
+        return self.max_k > 0 and self.seed is None and not any(self.timed)
+
+    def start(self, *, V: Sequence[float] | None = None, anchors: Sequence[int] | None = None,
+              acceptance: Sequence[float] | None = None) -> None:
+        """A warm start: `set_seed(V, anchors)` and `set_acceptance(acceptance)`, each where given."""
+        if V is not None:
+            self.set_seed(V, anchors)
+        if acceptance is not None:
+            self.set_acceptance(acceptance)
 
     def set_seed(self, V: Sequence[float], anchors: Sequence[int] | None = None) -> None:
         """Seed the step times V(0..max_k) before any round is timed (a warm start, `engine.warm_start`).
@@ -178,24 +276,22 @@ class AutoK:
         """{k: the median seconds of the timed rounds that drafted k}, only the k timed so far."""
         return {k: m for k, m in enumerate(self._median) if m is not None}
 
+    def learned(self) -> Learned:
+        """The medians and their rounds per timed k, and α_1.. once some position was tested."""
+        step_s = self.measured()
+        tested = tuple(float(a) for a in self.alpha[1:]) if any(self.tests) else None
+        return Learned(step_s, {k: self.timed[k] for k in step_s}, tested)
+
     def _step_times(self) -> list | None:
-        """V(0..max_k): measured medians where timed, the scaled seed or the line elsewhere."""
-        timed = [(k, m) for k, m in enumerate(self._median) if m is not None]
-        if self.seed is not None:
-            if not timed:
-                return list(self.seed)
-            scaled = [m / self.seed[k] for k, m in timed if self.anchors is None or k in self.anchors]
-            scale = median(scaled) if scaled else 1.0
-            return [self.seed[k] * scale if m is None else m for k, m in enumerate(self._median)]
-        if self._median[0] is None or len(timed) < 2:
-            return None
-        drafting = [(k, m) for k, m in timed if k >= 1]
-        points = drafting if len(drafting) >= 2 else timed  # a plain round is another regime (n = 1)
-        k_bar = sum(k for k, _ in points) / len(points)
-        m_bar = sum(m for _, m in points) / len(points)
-        slope = sum((k - k_bar) * (m - m_bar) for k, m in points) / sum((k - k_bar) ** 2 for k, _ in points)
-        floor = min(m for _, m in timed)
-        return [max(m_bar + slope * (k - k_bar), floor) if m is None else m for k, m in enumerate(self._median)]
+        """V(0..max_k): measured medians where timed, the scaled seed or `interpolate_step_times` elsewhere."""
+        measured = self.measured()
+        if self.seed is None:
+            return interpolate_step_times(measured, self.max_k)
+        if not measured:
+            return list(self.seed)
+        scaled = [m / self.seed[k] for k, m in measured.items() if self.anchors is None or k in self.anchors]
+        scale = median(scaled) if scaled else 1.0
+        return [measured.get(k, s * scale) for k, s in enumerate(self.seed)]
 
     def state(self) -> dict:
         """The estimates as plain JSON numbers: α_1..α_max_k, tests per position, V(0..max_k), timed rounds per k."""
@@ -217,10 +313,10 @@ def _checked_seed(V: Sequence[float], max_k: int) -> list[float]:
     return V
 
 
-def make_policy(k: int | str | AutoK, max_k: int = 8, step_times: Sequence[float] | None = None) -> FixedK | AutoK:
+def make_policy(k: int | str | Policy, max_k: int = 8, step_times: Sequence[float] | None = None) -> Policy:
     """The policy for `generate(k=...)`: FixedK(k) for an int k >= 0, AutoK(max_k, step_times) for
-    "auto", and an AutoK instance itself: it goes on from what it learned in earlier calls."""
-    if isinstance(k, AutoK):
+    "auto", and a Policy instance (an AutoK) itself: it goes on from what it learned in earlier calls."""
+    if isinstance(k, Policy):
         if step_times is not None:
             raise ValueError("step_times seeds a new policy; an AutoK passed as k keeps its own (AutoK(max_k, V=...))")
         return k
