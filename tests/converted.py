@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 TYPES = ("f32", "f16", "q8_0")
@@ -79,7 +81,8 @@ def build(root: Path) -> dict[str, dict[str, Path]]:
             if not (paths["checkpoint"] / "config.json").is_file():
                 tokenizer = tokenizer or gguf.tokenizer(gguf.SMOLLM2)
                 checkpoint(arch, paths["checkpoint"], tokenizer)
-            for kind in TYPES:
-                if not paths[kind].is_file():
-                    convert(paths["checkpoint"], paths[kind], kind)
+        todo = [(paths["checkpoint"], paths[kind], kind) for paths in files.values() for kind in TYPES
+                if not paths[kind].is_file()]
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # each conversion is a process of its own
+            list(pool.map(lambda job: convert(*job), todo))
     return files

@@ -396,7 +396,9 @@ def _step(name: str, path: Path, work: Callable[[], Any], echo: Callable[[str], 
 
 def _move_aside(out: Path, echo: Callable[[str], None]) -> None:
     """`--restart`: every artifact, point log and report of the run folder moved to `<name>.old`."""
-    names = (TRACES, VERIFIED, *KINDS, REPORT, "summary.txt")
+    from moespec.report.build import ANSWER
+
+    names = (TRACES, VERIFIED, *KINDS, REPORT, "summary.txt", ANSWER)
     moved = [p for p in [*(out / n for n in names), *out.glob("*.points.jsonl")] if p.exists()]
     for path in moved:
         os.replace(path, path.with_name(path.name + ".old"))
