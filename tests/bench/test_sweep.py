@@ -142,12 +142,14 @@ def test_draft_sweep_reports_the_engine_paper_figures(tiny, monkeypatch):
     the counts: plain decoding feeds one token a round (the first round's came with the prefill),
     a round at k = 2 feeds its drafts and, after the first, the token before them."""
     import moespec.bench.prefilled as prefilled
+    import moespec.backends.protocol as protocol  # times greedy plain runs, step by step
     import moespec.backends.torch_model as cached
     import moespec.engine.decode as decode
 
     TOKEN, DRAFT, DEPTH = 2.0**-10, 2.0**-12, 32
     model, tok = tiny
-    clock = FakeClock().install(monkeypatch, decode, prefilled, cached).drive(monkeypatch, model, per_token=TOKEN)
+    clock = FakeClock().install(monkeypatch, decode, prefilled, cached, protocol).drive(monkeypatch, model,
+                                                                                 per_token=TOKEN)
     lookup = _TimedLookup(2, clock, DRAFT)
     (entry,) = run_draft(model, tok, lookup, draft_name="prompt-lookup:2", depths=(DEPTH,), ks=(2,),
                          prompts=1, new_tokens=16, temperature=0.0, kernel=DEDUP)

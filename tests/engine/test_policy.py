@@ -275,6 +275,9 @@ class _Alternating:
     def update(self, *, drafted, accepted, tested, seconds):
         self.updates.append(dict(drafted=drafted, accepted=accepted, tested=tested, seconds=seconds))
 
+    def plain_run(self) -> int:
+        return 0  # every round goes through the loop's round, where choose() decides
+
     def state(self) -> dict:
         return {"policy": "alternating", "rounds": len(self.updates)}
 

@@ -22,12 +22,12 @@ import os
 
 import torch
 
-from moespec.backends.protocol import SpecModel, output_rows
+from moespec.backends.protocol import GreedyByLogits, SpecModel, output_rows
 
 MIN_PASS = 2  # tokens, and output rows, of every pass
 
 
-class ExactPasses:
+class ExactPasses(GreedyByLogits):
     """A SpecModel whose passes all hold >= 2 tokens and >= 2 output rows (a one-token prompt aside)."""
 
     def __init__(self, inner: SpecModel):

@@ -17,12 +17,13 @@ import ctypes
 import os
 import time
 from pathlib import Path
+from typing import Collection
 
 import numpy as np
 import torch
 
-from moespec.backends import llama_lib
-from moespec.backends.protocol import output_rows
+from moespec.backends import llama_lib, llama_steps
+from moespec.backends.protocol import GreedyByLogits, NoMaximum, argmax_rows, output_rows
 
 DEFAULT_CONTEXT = 8192  # positions, unless the file was trained on fewer (n_ctx)
 DEFAULT_BATCH = 512  # tokens per llama_decode call (n_batch = n_ubatch), llama.cpp's default
@@ -34,7 +35,7 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-class LlamaModel:
+class LlamaModel(GreedyByLogits):
     """A GGUF model on llama.cpp with one sequence's KV cache.
 
     path: the .gguf file. threads: llama.cpp's threads for every pass (default: all cores). n_ctx:
@@ -119,6 +120,48 @@ class LlamaModel:
         rows = output_rows(len(ids), outputs)
         out = [torch.from_numpy(a) for a in self.decode(ids, first_out=len(ids) - rows)]
         return out[0] if len(out) == 1 else torch.cat(out)
+
+    def extend_argmax(self, tokens: torch.Tensor, limit: int, outputs: int | None = None) -> list[int]:
+        """`extend`, returning each new row's greedy token: the argmax below `limit`, read in place from
+        llama.cpp's logits buffer by compiled code (`llama_steps`), no row copied."""
+        ids = tokens.reshape(-1).tolist() if isinstance(tokens, torch.Tensor) else [int(t) for t in tokens]
+        rows = output_rows(len(ids), outputs)
+        last = (len(ids) - 1) % self.batch + 1  # tokens of the last llama_decode call
+        if rows > last or not llama_steps.available():  # rows across calls, or no helper: read the logits
+            return argmax_rows(self.extend(torch.tensor(ids), outputs), limit)
+        self.decode(ids, first_out=len(ids) - rows, keep=False)
+        got = llama_steps.rows_argmax(self._ctx, last - rows, rows, limit)
+        if isinstance(got, int):
+            row = self._logits()[last - rows + got, :limit]
+            raise NoMaximum(got, "NaN" if np.isnan(row).any() else "+inf" if np.isposinf(row).any()
+                            else "-inf at every allowed id")
+        return got.tolist()
+
+    def greedy_steps(self, token: int, steps: int, limit: int,
+                     eos: Collection[int] = ()) -> tuple[list[int], list[float]]:
+        """The protocol's greedy steps, every one in compiled code: one llama_decode of one token and
+        the argmax of its row per step, with no Python between them (`llama_steps`)."""
+        if not llama_steps.available():
+            return GreedyByLogits.greedy_steps(self, token, steps, limit, eos)
+        start = len(self.tokens)
+        if start + steps > self.capacity:
+            raise ValueError(f"{self.path.name}: {start} + {steps} positions exceed the context of {self.capacity}; "
+                             "load the model with a larger n_ctx")
+        produced, seconds, status, bad = llama_steps.greedy_steps(
+            self._ctx, self._batch, 0, int(token), start, steps, limit, np.fromiter(eos, dtype=np.int32, count=len(eos)))
+        llama_lib.count_pass()
+        self.tokens.extend([int(token), *produced.tolist()] if bad is not None else
+                           [int(token), *produced[:-1].tolist()] if len(produced) else [])
+        if status:
+            self.truncate(start)
+            raise ValueError(f"llama_decode failed at position {start + len(produced)} (code {status}): "
+                             f"{llama_lib.last_log()}")
+        if bad is not None:
+            row = self._logits()[0, :limit]
+            raise NoMaximum(bad, "NaN" if np.isnan(row).any() else "+inf" if np.isposinf(row).any()
+                            else "-inf at every allowed id")
+        self.forward_s += float(seconds.sum())
+        return produced.tolist(), seconds.tolist()
 
     def decode(self, ids: list[int], *, first_out: int, keep: bool = True) -> list[np.ndarray]:
         """Append token ids with llama.cpp computing the logits of ids[first_out:]; copies of those

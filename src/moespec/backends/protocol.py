@@ -19,8 +19,10 @@ class: `torch_model.CachedModel` (transformers models), `llama_model.LlamaModel`
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import time
+from typing import Collection, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 
@@ -43,8 +45,65 @@ class SpecModel(Protocol):
 
     def truncate(self, n: int) -> None: ...
 
+    def extend_argmax(self, tokens: torch.Tensor, limit: int, outputs: int | None = None) -> list[int]:
+        """`extend`, returning only each new row's greedy token: its first maximal id below `limit`."""
+
+    def greedy_steps(self, token: int, steps: int, limit: int,
+                     eos: Collection[int] = ()) -> tuple[list[int], list[float]]:
+        """Up to `steps` greedy one-token steps: feed `token`, take its row's greedy token, feed that, ...;
+        (the tokens produced, each step's seconds). A step that produces an id of `eos` is the last;
+        the last token produced is not fed (the round invariant: the cache lags the text by one).
+        NoMaximum names the step whose row had no finite maximum."""
+
     def identity(self) -> dict | None:
         """What this model's pass times depend on, as JSON values (the store's key of it); None: no key."""
+
+
+class NoMaximum(ValueError):
+    """A logits row without a finite maximum below the vocabulary limit: `row` (of the pass's returned
+    rows) and `what` it held ("NaN", "+inf", "-inf at every allowed id", or "no finite maximum")."""
+
+    def __init__(self, row: int, what: str):
+        super().__init__(f"the model returned logits with {what} at row {row}; check its weights and dtype "
+                         "(try dtype=float32)")
+        self.row, self.what = row, what
+
+
+def argmax_rows(logits: torch.Tensor, limit: int) -> list[int]:
+    """The first maximal id below `limit` of each row of logits [n, V]; NoMaximum for a row whose
+    maximum is not finite (NaN counts as the maximum)."""
+    allowed = logits.detach().float().numpy()[:, :limit]  # [n, limit]
+    best = allowed.argmax(-1)
+    top = allowed[np.arange(len(best)), best]
+    if not np.isfinite(top).all():
+        row = int(np.flatnonzero(~np.isfinite(top))[0])
+        bad = allowed[row]
+        raise NoMaximum(row, "NaN" if np.isnan(bad).any() else "+inf" if np.isposinf(bad).any()
+                        else "-inf at every allowed id")
+    return best.tolist()
+
+
+class GreedyByLogits:
+    """`extend_argmax` and `greedy_steps` read off `extend`'s logits, in Python: the path of every
+    backend without a faster one of its own."""
+
+    def extend_argmax(self, tokens: torch.Tensor, limit: int, outputs: int | None = None) -> list[int]:
+        return argmax_rows(self.extend(tokens, outputs), limit)
+
+    def greedy_steps(self, token: int, steps: int, limit: int,
+                     eos: Collection[int] = ()) -> tuple[list[int], list[float]]:
+        produced, seconds = [], []
+        for step in range(steps):
+            t0 = time.perf_counter()
+            try:
+                token = self.extend_argmax(torch.tensor([token]), limit)[0]
+            except NoMaximum as e:
+                raise NoMaximum(step, e.what) from None
+            produced.append(token)
+            seconds.append(time.perf_counter() - t0)
+            if token in eos:
+                break
+        return produced, seconds
 
 
 def as_spec_model(model) -> SpecModel:

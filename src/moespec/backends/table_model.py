@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from moespec.backends.protocol import output_rows
+from moespec.backends.protocol import GreedyByLogits, output_rows
 
 
-class TableLM:
+class TableLM(GreedyByLogits):
     """A mock causal LM speaking the SpecModel protocol: the logits at position t are A[x_t] + B[t % 3].
 
     A: [V, W], B: [3, W] seeded normals times `scale`; padded columns V..W-1 (width W >= V) get a

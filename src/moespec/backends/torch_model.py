@@ -12,13 +12,13 @@ import weakref
 
 import torch
 
-from moespec.backends.protocol import output_rows
+from moespec.backends.protocol import GreedyByLogits, output_rows
 from moespec.device import synchronize
 
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its model_fingerprint
 
 
-class CachedModel:
+class CachedModel(GreedyByLogits):
     """Stateful incremental view of a transformers causal LM (batch 1).
 
     >>> m = CachedModel(model); logits = m.extend(torch.tensor([1, 2, 3]))  # [3, V]

@@ -7,13 +7,13 @@ from typing import Sequence
 
 import torch
 
-from moespec.backends.protocol import as_spec_model, output_rows
+from moespec.backends.protocol import GreedyByLogits, as_spec_model, output_rows
 from moespec.bench.prompts import PREFILL_CHUNK, prompt_ids
 from moespec.device import synchronize
 from moespec.kernel_names import DEDUP, SLOT
 
 
-class PrefilledTarget:
+class PrefilledTarget(GreedyByLogits):
     """A target whose cache holds one prompt's prefill, reused by every `generate` call on it.
 
     It speaks the `SpecModel` protocol, over any backend. Positions inside the prompt are served from
@@ -25,6 +25,7 @@ class PrefilledTarget:
 
     def __init__(self, model, prompt: torch.Tensor):  # prompt: [P] int64
         self.inner = as_spec_model(model)
+        self.inner.reset()  # a llama.cpp model is its own cache, and may hold the previous prompt's
         self.prompt = torch.as_tensor(prompt, dtype=torch.long).reshape(-1)
         P = self.prompt.shape[0]
         self.device = getattr(self.inner, "device", None)

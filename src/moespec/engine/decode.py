@@ -10,6 +10,7 @@ the next round's draft length.
 from __future__ import annotations
 
 import time
+from itertools import accumulate
 from typing import Sequence
 
 import torch
@@ -18,7 +19,7 @@ from moespec.backends.protocol import as_spec_model
 from moespec.device import peak_rss_bytes, synchronize
 from moespec.engine.policy import Policy, make_policy
 from moespec.engine.proposers import DraftModel, Proposer
-from moespec.engine.round import prefill, run_round
+from moespec.engine.round import plain_rounds, prefill, run_round
 from moespec.engine.sampling import Sampler, SamplingConfig
 from moespec.engine.stats import GenerationResult, RoundLog
 from moespec.engine.step_store import remember, store_key
@@ -191,6 +192,32 @@ def generate(
                    clock=time.perf_counter)
 
 
+PLAIN_RUN_MIN = 2  # rounds: a shorter plain run goes through the round as any other
+
+
+def _plain_run(policy: Policy, sampler: Sampler, pending, tokens: int, rounds: int | None) -> int:
+    """How many plain rounds the loop runs in one call to the target now: greedy, no prefill row
+    pending, the policy's plain run cut to the token budget and to max_steps; 0 for a normal round."""
+    if not sampler.greedy or pending is not None:
+        return 0
+    run = min(policy.plain_run(), tokens, rounds if rounds is not None else tokens)
+    return run if run >= PLAIN_RUN_MIN else 0
+
+
+def _next_rounds(plain: int, *, target, proposer, sampler: Sampler, policy: Policy, seq: torch.Tensor, length: int,
+                 budget: int, pending, eos: set[int], clock) -> tuple[list, list[float]]:
+    """The next rounds and the clock reading each ended at: `plain` greedy plain rounds run by the target
+    in one call (each ending when its step did), else one round at the policy's choice."""
+    started = clock()
+    if plain:
+        rounds = plain_rounds(target=target, seq=seq, length=length, rounds=plain, limit=sampler.vocab_limit, eos=eos)
+        return rounds, list(accumulate((r.seconds for r in rounds), initial=started))[1:]
+    chosen = policy.choose()
+    r = run_round(target=target, proposer=proposer, sampler=sampler, seq=seq, length=length, chosen=chosen,
+                  k=min(chosen, budget), pending=pending, eos=eos, clock=clock)
+    return [r], [clock()]
+
+
 def _decode(target, proposer: Proposer | None, sampler: Sampler, policy: Policy, prompt: torch.Tensor, *,
             max_new_tokens: int, max_steps: int | None, eos: set[int], prefill_last: bool, warm_mode: str | None,
             key: dict | None, clock) -> GenerationResult:
@@ -202,9 +229,9 @@ def _decode(target, proposer: Proposer | None, sampler: Sampler, policy: Policy,
     device = getattr(target, "device", None)
     synchronize(device)
     log = RoundLog(policy.max_k, start=clock())
-    pending, warm = None, None  # pending: [1, W] the prefill's last row, the first round's row 0
+    pending, warm = None, None  # the prefill's last row (its greedy token when greedy), the first round's row 0
     if max_new_tokens > 0:
-        pending = prefill(target, prompt, prefill_last=prefill_last)
+        pending = prefill(target, prompt, prefill_last=prefill_last, sampler=sampler)
         log.add_passes(verify_s=clock() - log.start)
         if warm_mode is not None:
             warm = prepare(warm_mode, target=target, proposer=proposer, context=prompt, max_k=policy.max_k,
@@ -216,15 +243,16 @@ def _decode(target, proposer: Proposer | None, sampler: Sampler, policy: Policy,
         if max_steps is not None and log.rounds == max_steps:
             stop = "max_steps"
             break
-        chosen = policy.choose()
         budget = max_new_tokens - (length - P) - 1  # a round commits up to k + 1 tokens: never past the budget
-        r = run_round(target=target, proposer=proposer, sampler=sampler, seq=seq, length=length, chosen=chosen,
-                      k=min(chosen, budget), pending=pending, eos=eos, clock=clock)
-        pending, length = None, length + r.new_tokens
-        log.add(r, clock())
-        policy.update(drafted=r.drafted, accepted=r.accepted, tested=r.tested,
-                      seconds=r.seconds if r.timed else None)
-        if r.eos:
+        plain = _plain_run(policy, sampler, pending, budget + 1, None if max_steps is None else max_steps - log.rounds)
+        rounds, ends = _next_rounds(plain, target=target, proposer=proposer, sampler=sampler, policy=policy,
+                                    seq=seq, length=length, budget=budget, pending=pending, eos=eos, clock=clock)
+        for r, end in zip(rounds, ends):
+            pending, length = None, length + r.new_tokens
+            log.add(r, end)
+            policy.update(drafted=r.drafted, accepted=r.accepted, tested=r.tested,
+                          seconds=r.seconds if r.timed else None)
+        if rounds[-1].eos:
             stop = "eos"
             break
     if warm is not None and warm.key is not None:

@@ -45,6 +45,7 @@ AutoK's estimates and rules (every rule is deterministic, so a run can be repeat
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -107,6 +108,10 @@ class Policy(Protocol):
         """After a round that drafted `drafted` tokens: the walk tested positions 1..tested and accepted
         1..accepted; seconds is the round's wall time, or None when the round is no step to time."""
 
+    def plain_run(self) -> int:
+        """How many coming rounds are plain (k = 0) whatever they measure, so that the loop may run
+        them in one call to the backend (`SpecModel.greedy_steps`); 0 when the next round drafts."""
+
     def state(self) -> dict:
         """The policy and its estimates as plain JSON values (`Stats.policy`)."""
 
@@ -134,6 +139,10 @@ class FixedK:
 
     def update(self, *, drafted: int, accepted: int, tested: int, seconds: float | None) -> None:
         """A fixed k learns nothing from its rounds."""
+
+    def plain_run(self) -> int:
+        """Every round at k = 0; none at a k >= 1."""
+        return sys.maxsize if self.k == 0 else 0
 
     def state(self) -> dict:
         return {"policy": "fixed", "k": self.k}
@@ -193,6 +202,15 @@ class AutoK:
         V = self.V
         if V is None:  # the opening: one timed round at k_open, then one plain round
             return self.k_open if not any(self.timed[1:]) else 0
+        best, drafting = self._ranked(V)
+        if best and self.since_plain >= self.refresh:
+            return 0
+        if not best and self.since_draft >= self._wait and any((k + 1) * V[0] > V[k] for k in range(1, len(V))):
+            return drafting  # a probe, where some k would pay were every draft accepted
+        return best
+
+    def _ranked(self, V: list) -> tuple[int, int]:
+        """(the maximizer of E(k)/V(k) over 0..max_k, the maximizer over 1..max_k), the smallest on ties."""
         best, drafting, E, E_best, E_drafting, p = 0, 1, 1, 1, 0, 1
         for k in range(1, self.max_k + 1):
             p = p * self.alpha[k]
@@ -201,11 +219,17 @@ class AutoK:
                 best, E_best = k, E
             if E * V[drafting] > E_drafting * V[k]:
                 drafting, E_drafting = k, E
-        if best and self.since_plain >= self.refresh:
+        return best, drafting
+
+    def plain_run(self) -> int:
+        """While no k beats plain decoding, the rounds until the next probe is due: AutoK commits to
+        plain decoding for them, so a plain round's time that would tip the choice to drafting takes
+        effect at that probe, a few rounds later at most."""
+        if self.max_k == 0:
+            return sys.maxsize
+        if self.V is None or self._ranked(self.V)[0] != 0:
             return 0
-        if not best and self.since_draft >= self._wait and any((k + 1) * V[0] > V[k] for k in range(1, len(V))):
-            return drafting  # a probe, where some k would pay were every draft accepted
-        return best
+        return max(self._wait - self.since_draft, 0)
 
     def update(self, *, drafted: int, accepted: int, tested: int, seconds: float | None) -> None:
         """After a round that drafted `drafted` tokens: the walk tested positions 1..tested and accepted

@@ -89,6 +89,12 @@ class DraftModel:
 
     def propose(self, context: torch.Tensor, k: int) -> Proposal:
         s, cache = self.sampler, self._cache
+        if s.greedy:  # the draft's own greedy steps, in one call to its backend
+            suffix = context[cache.length:]
+            if suffix.shape[0] > 1:
+                cache.extend(suffix[:-1], outputs=1)
+            drafts, _ = cache.greedy_steps(int(suffix[-1]), k, s.vocab_limit)
+            return Proposal(torch.tensor(drafts, dtype=torch.long))
         logits = cache.extend(context[cache.length:], outputs=1)  # [1, V]
         xs, qs = [], []
         for i in range(k):

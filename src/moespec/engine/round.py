@@ -19,9 +19,9 @@ from typing import Callable, Collection
 
 import torch
 
-from moespec.backends.protocol import SpecModel
+from moespec.backends.protocol import NoMaximum, SpecModel
 from moespec.engine.proposers import Proposal, Proposer
-from moespec.engine.sampling import Sampler
+from moespec.engine.sampling import Sampler, no_distribution
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,20 @@ class Round:
     seconds: float  # the whole round, proposal to rollback
 
 
-def prefill(target: SpecModel, prompt: torch.Tensor, *, prefill_last: bool) -> torch.Tensor | None:
+def prefill(target: SpecModel, prompt: torch.Tensor, *, prefill_last: bool,
+            sampler: Sampler) -> torch.Tensor | int | None:
     """Feed the prompt ([P] int64) to the target's empty cache. prefill_last: the whole prompt, and
-    its last row ([1, W] logits at position P) is the first round's row 0, returned. Otherwise all but
-    the last prompt token, which counts as committed but not yet fed (the first round feeds it with
-    its drafts, so every round verifies drafted + 1 tokens); returns None."""
+    its last row is the first round's row 0, returned: [1, W] logits at position P, or under greedy
+    decoding its greedy token. Otherwise all but the last prompt token, which counts as committed but
+    not yet fed (the first round feeds it with its drafts, so every round verifies drafted + 1
+    tokens); returns None."""
     if prefill_last:
-        return target.extend(prompt, outputs=1)
+        if not sampler.greedy:
+            return target.extend(prompt, outputs=1)
+        try:
+            return target.extend_argmax(prompt, sampler.vocab_limit, outputs=1)[0]
+        except NoMaximum as e:
+            raise ValueError(no_distribution(e.what, 0, prompt.shape[0])) from None
     if prompt.shape[0] > 1:
         target.extend(prompt[:-1], outputs=1)
     return None
@@ -65,6 +72,43 @@ def verify(target: SpecModel, seq: torch.Tensor, length: int, drafts: torch.Tens
     return target.extend(torch.cat((last, drafts)) if n else last)
 
 
+def verify_greedy(target: SpecModel, seq: torch.Tensor, length: int, drafts: torch.Tensor, pending: int | None,
+                  limit: int) -> list[int]:
+    """`verify` under greedy decoding: the target's greedy token for each of its n + 1 rows, which the
+    backend takes from its logits itself (`SpecModel.extend_argmax`); `pending` the prefill's one."""
+    n = drafts.shape[0]
+    first = 1 if pending is not None else 0  # the row the pass's first row is, of the round's n + 1
+    try:
+        if pending is not None:
+            return [pending, *target.extend_argmax(drafts, limit)] if n else [pending]
+        last = seq[length - 1: length]
+        return target.extend_argmax(torch.cat((last, drafts)) if n else last, limit)
+    except NoMaximum as e:
+        raise ValueError(no_distribution(e.what, first + e.row, length)) from None
+
+
+def greedy_walk(targets: list[int], drafts: list[int]) -> tuple[int, int]:
+    """The accept walk at temperature 0: (drafts accepted, the next token). A draft is accepted while it
+    is the target's greedy token; the next token is the target's where the walk stopped."""
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
+        accepted += 1
+    return accepted, targets[accepted]
+
+
+def plain_rounds(*, target: SpecModel, seq: torch.Tensor, length: int, rounds: int, limit: int,
+                 eos: Collection[int]) -> list[Round]:
+    """Up to `rounds` plain greedy rounds in one call to the target (`SpecModel.greedy_steps`): each
+    feeds the last committed token and commits its greedy token into seq, until an EOS."""
+    try:
+        produced, seconds = target.greedy_steps(int(seq[length - 1]), rounds, limit, eos)
+    except NoMaximum as e:  # step i's row predicts position length + i
+        raise ValueError(no_distribution(e.what, e.row, length)) from None
+    seq[length: length + len(produced)] = torch.tensor(produced, dtype=torch.long)
+    return [Round(chosen=0, drafted=0, tested=0, accepted=0, new_tokens=1, eos=token in eos, timed=True, draft_s=0.0,
+                  verify_s=s, sampling_s=0.0, seconds=s) for token, s in zip(produced, seconds)]
+
+
 def _until_eos(emitted: list[int], eos: Collection[int]) -> int | None:
     """The index of the first EOS among the round's committed tokens, or None."""
     return next((j for j, token in enumerate(emitted) if token in eos), None)
@@ -76,8 +120,8 @@ def run_round(*, target: SpecModel, proposer: Proposer | None, sampler: Sampler,
     """One round at draft length k <= chosen: propose, verify, accept, roll back.
 
     seq: [>= length + k + 1] int64, the committed tokens in seq[:length]; the round writes the ones it
-    commits after them. pending: the prefill's last row for the first round, else None. eos: ids
-    that end the call (the EOS is committed, nothing after it).
+    commits after them. pending: the prefill's last row for the first round (its greedy token under
+    greedy decoding), else None. eos: ids that end the call (the EOS is committed, nothing after it).
     """
     t0 = clock()
     proposal = proposer.propose(seq[:length], k) if proposer is not None and k > 0 else Proposal(seq[:0])
@@ -85,9 +129,14 @@ def run_round(*, target: SpecModel, proposer: Proposer | None, sampler: Sampler,
     drafts, n = proposal.tokens, proposal.tokens.shape[0]
     if n > k:
         raise ValueError(f"{type(proposer).__name__}.propose returned {n} drafts for k={k}; return at most k")
-    logits = verify(target, seq, length, drafts, pending)  # [n + 1, W]
-    t2 = clock()
-    accepted, token = sampler.verify(sampler.prepare(logits, position=length), drafts, proposal.q)
+    if sampler.greedy:
+        targets = verify_greedy(target, seq, length, drafts, pending, sampler.vocab_limit)  # [n + 1] ids
+        t2 = clock()
+        accepted, token = greedy_walk(targets, drafts.tolist())
+    else:
+        logits = verify(target, seq, length, drafts, pending)  # [n + 1, W]
+        t2 = clock()
+        accepted, token = sampler.verify(sampler.prepare(logits, position=length), drafts, proposal.q)
     if proposal.marked_from is not None and proposal.marked_from < accepted:  # drafts from the mark on are rejected
         accepted, token = proposal.marked_from, drafts[proposal.marked_from]  # the target's token there
     t3 = clock()

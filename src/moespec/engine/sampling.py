@@ -69,13 +69,19 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, r / total.clamp(min=torch.finfo(r.dtype).tiny), p)
 
 
+def no_distribution(what: str, row: int, position: int | None) -> str:
+    """The message for logits row `row` that holds `what` and so gives no distribution; position: the
+    sequence position row 0 predicts, when known."""
+    where = f"row {row}" if position is None else f"row {row} (predicting sequence position {position + row})"
+    return f"the model returned logits with {what} at {where}; check its weights and dtype (try dtype=float32)"
+
+
 def _no_distribution(z: torch.Tensor, top: torch.Tensor, position: int | None) -> None:
     """Raise for the first row of z [n, W] whose maximum `top` [n] is not finite."""
     i = int((~torch.isfinite(top)).nonzero()[0])
     row = z[i]
     what = "NaN" if torch.isnan(row).any() else "+inf" if torch.isposinf(row).any() else "-inf at every allowed id"
-    where = f"row {i}" if position is None else f"row {i} (predicting sequence position {position + i})"
-    raise ValueError(f"the model returned logits with {what} at {where}; check its weights and dtype (try dtype=float32)")
+    raise ValueError(no_distribution(what, i, position))
 
 
 class Sampler:

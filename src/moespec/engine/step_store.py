@@ -34,6 +34,7 @@ from importlib import metadata
 from pathlib import Path
 
 from moespec.artifacts import cpu_model, dump_json
+from moespec.cache import cache_dir
 from moespec.engine.policy import Learned, interpolate_step_times
 
 STORE_VERSION = 1
@@ -70,7 +71,7 @@ def store_path() -> Path | None:
     own = os.environ.get("MOESPEC_STEP_TIMES")
     if own is not None:
         return Path(own).expanduser() if own else None
-    return Path(os.environ.get("MOESPEC_CACHE", Path.home() / ".cache" / "moespec")) / "step-times.json"
+    return cache_dir() / "step-times.json"
 
 
 def store_key(target, proposer) -> dict | None:

@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import fcntl
 import importlib.metadata
-import os
 import subprocess
 import sys
 import tarfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from moespec.cache import cache_dir  # noqa: F401  (also this module's API: the tests and benchmarks use it)
+
 CONVERTER = "convert_hf_to_gguf.py"
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")  # what the converter writes itself; other types: llama_lib.quantize
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MOESPEC_CACHE", Path.home() / ".cache" / "moespec"))
 
 
 @contextmanager

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from moespec.cache import cache_dir
 from moespec.models.heldout import agreement, bits_per_byte  # noqa: F401 (also moespec.models.train's API)
 from moespec.models.text import CORPUS_HOLDOUT, TextSplit, corpus_documents, held_out, training_text
 from moespec.models.tokenizer import BOS_ID, EOS_ID, MARKER_FILE, PAD_ID, ByteTokenizer
@@ -118,7 +119,7 @@ def vocabulary(name: str) -> Vocabulary:
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("MOESPEC_CACHE", Path.home() / ".cache" / "moespec")) / "tokens"
+    return cache_dir() / "tokens"
 
 
 def token_streams(split: TextSplit, v: Vocabulary) -> list[np.ndarray]:
