@@ -14,7 +14,10 @@ median):
   and the pair's acceptance by position) as one earlier call of the same case left it (that first call, a miss, decoded cold): the store file (a temporary one, never the user's) is reset to that state
   after each call, so every repetition is a second call (the reset, a 2 KB write, is inside the
   timed interval). The model's fingerprint, which a new process takes once per loaded model
-  before its first lookup, is timed apart (`fingerprint_s`).
+  before its first lookup, is timed apart (`fingerprint_s`);
+- auto session: the default as a user meets it over a sequence of requests in one process: a fresh
+  AutoK per call, seeded by a store of its own that every call of the session adds to (the first
+  a miss, then 1, 2, ... earlier calls, never reset).
 Ratios: auto/plain (the bar where drafts are useless, a = 0.1) and auto/best fixed k (a = 0.9).
 Greedy tokens are checked against plain decoding's (asserted on torch; recorded on llama.cpp,
 whose quantized passes may differ by pass size).
@@ -53,7 +56,7 @@ auto_k = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(auto_k)
 PROMPT, side_by_side = auto_k.PROMPT, auto_k.side_by_side
 RESULTS = HERE / "results" / "auto_k_warm"
-AUTOS = {"auto cold": False, "auto timed": "timed", "auto store": "store"}
+AUTOS = {"auto cold": False, "auto timed": "timed", "auto store": "store", "auto session": "session"}
 
 
 def load_target(args):
@@ -81,12 +84,21 @@ def run_case(a: float, target, ids: list[int], vocab: int, args, store: Path) ->
     assert first.stats.policy["warm_start"]["source"] is None, first.stats.policy["warm_start"]  # a miss: cold
     snapshot = store.read_bytes() if store.exists() else None
 
+    session = store.with_name("session.json")  # the session's own store, kept across its calls
+    session.unlink(missing_ok=True)
+
     def call(k, mode=True):
         calls = iter(range(10**6))  # the i-th call of every method draws the oracle's flags from seed i
 
         def run():
             draft = OracleDraft(a, seed=next(calls), reference=reference) if k else None
-            out = generate(target, ids, draft=draft, k=k, warm_start=mode, **common)
+            if mode == "session":
+                os.environ["MOESPEC_STEP_TIMES"] = str(session)
+            try:
+                out = generate(target, ids, draft=draft, k=k, warm_start="store" if mode == "session" else mode,
+                               **common)
+            finally:
+                os.environ["MOESPEC_STEP_TIMES"] = str(store)
             if mode == "store" and snapshot is not None:
                 store.write_bytes(snapshot)
             return out

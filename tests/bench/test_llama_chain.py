@@ -169,7 +169,7 @@ def test_measure_refuses_the_per_slot_kernel_on_llama_cpp(tmp_path, gguf_files):
 
 
 def test_a_routing_of_another_shape_is_refused(gguf_files, tmp_path):
-    from moespec.bench.llama_chain import label_with_file
+    from moespec.chain.llama_inputs import label_with_file
 
     trace = RoutingTrace([np.zeros((4, 1, 2), dtype=np.int16)], 8, (100,))
     with pytest.raises(ValueError, match="exported from"):

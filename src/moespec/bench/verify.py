@@ -166,7 +166,7 @@ def verified_routing(model, tokenizer, *, depths: Sequence[int] = (512,), prompt
     [stride·r, stride·r + n). The measured-time version of the prediction times the expert operation
     on these windows (cost-model paper, Sec. 4: "the recorded routing of the verified continuations").
     record(documents, chunk, corpus) -> RoutingTrace records the routing; default: transformers'
-    (`moe.routing.record` on `model`); a GGUF file's comes from llama.cpp (`llama_chain.gguf_routing`).
+    (`moe.routing.record` on `model`); a GGUF file's comes from llama.cpp (`chain.llama_inputs.gguf_routing`).
     """
     from moespec.moe.traces import RoutingTrace
 

@@ -60,7 +60,7 @@ class DemoConfig:
     # time the characterized layers' operation on each verify pass's window right after the pass
     ops_between_passes: bool = True
     # "llama.cpp": the chain on llama.cpp, on `model` exported to GGUF of `gguf_type` (or a .gguf
-    # `model` itself), its expert operation timed through ggml (`bench.llama_chain`)
+    # `model` itself), its expert operation timed through ggml (`chain.llama_inputs`)
     backend: str = "torch"
     gguf_type: str = "q8_0"
     threads: int | None = None
@@ -275,7 +275,7 @@ def _inputs(run: _Run) -> list[Step]:
     from moespec.models.gguf import is_gguf
 
     if cfg.llama and not is_gguf(cfg.model):
-        from moespec.bench.llama_chain import export_target
+        from moespec.chain.llama_inputs import export_target
 
         return [("export", run.gguf, lambda: export_target(cfg.model, run.gguf, cfg.gguf_type))]
     if cfg.routing == "trained":
@@ -286,7 +286,7 @@ def _inputs(run: _Run) -> list[Step]:
 def _llama_steps(run: _Run) -> list[Step]:
     """The chain's first steps on llama.cpp: the routing llama.cpp computes for the file, the
     characterization of ggml's expert operation on the file's tensors."""
-    from moespec.bench.llama_chain import record_gguf_routing
+    from moespec.chain.llama_inputs import record_gguf_routing
 
     cfg, p, gguf = run.config, run.path, run.gguf
     return [("trace", p(TRACES), lambda: record_gguf_routing(gguf, p(TRACES), tokens=cfg.trace_tokens,

@@ -85,7 +85,7 @@ def trace(
     names = [str(p) for p in corpus] if corpus else ["moespec:data/corpus"]
     if _on_llama(model, backend, {"--weights": weights, "--routing": routing, "--for-gguf": for_gguf,
                                   "--dtype": dtype != "float32"}):
-        from moespec.bench.llama_chain import record_gguf_routing
+        from moespec.chain.llama_inputs import record_gguf_routing
         from moespec.models import gguf
 
         path = gguf.resolve(model)
@@ -111,7 +111,7 @@ def trace(
             on_tokens=lambda t: progress.advance(task, t),
         )
     if for_gguf is not None:
-        from moespec.bench.llama_chain import label_with_file
+        from moespec.chain.llama_inputs import label_with_file
         from moespec.moe.traces import RoutingTrace
 
         try:
@@ -154,7 +154,7 @@ def trace_verified(
     length = continuation_length(reps, n_max, stride)
     record = None
     if _on_llama(model, backend, {"--routing": routing, "--dtype": dtype != "float32"}):
-        from moespec.bench.llama_chain import gguf_routing
+        from moespec.chain.llama_inputs import gguf_routing
         from moespec.models import gguf
 
         path = gguf.resolve(model)
