@@ -13,10 +13,11 @@ from importlib import import_module
 
 __version__ = "0.1.0"
 __all__ = ["AutoK", "DraftModel", "GenerationResult", "OracleDraft", "PromptLookup", "Proposal", "Proposer", "check_pairing",
-           "fast_linear", "generate", "register_kernels", "run_gate"]
+           "fast_linear", "generate", "generate_batch", "register_kernels", "run_gate"]
 
 _ENGINE = {
     "generate": "moespec.engine.decode",
+    "generate_batch": "moespec.engine.batch",
     "AutoK": "moespec.engine.policy",
     "check_pairing": "moespec.engine.decode",
     "Proposal": "moespec.engine.proposers",

@@ -159,3 +159,31 @@ def test_auto_k_seeded_from_a_prediction(tmp_path):
     r = runner.invoke(app, [*BASE, "--oracle-acceptance", "0.9", "-k", "2", "--prompt", "Hi",
                             "--step-times-from", str(pred)])
     assert r.exit_code != 0 and "-k auto" in r.output
+
+
+def test_several_prompt_files_decode_as_one_batch_each_its_own_text(tmp_path, gguf_files):
+    """Three prompt files on llama.cpp under --exact with the trained draft: the JSON holds one result
+    per file, in order, each the tokens that file alone decodes to; the batch's figures beside them."""
+    from tests.conftest import require_llama
+
+    require_llama()
+    texts = ["def area(r):\n    return ", "The river ran past the", "import os\n"]
+    files = []
+    for i, t in enumerate(texts):
+        files += ["--prompt-file", str(tmp_path / f"p{i}.txt")]
+        (tmp_path / f"p{i}.txt").write_text(t, encoding="utf-8")
+    common = ["--target", str(gguf_files["olmoe-q8_0"]), "--exact", "--max-new-tokens", "12", "--threads", "1"]
+    out = tmp_path / "batch.json"
+    r = runner.invoke(app, ["generate", *common, "--draft", str(gguf_files["draft-q8_0"]), "-k", "3", *files,
+                            "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())["payload"]
+    assert [p.endswith(f"p{i}.txt") for i, p in enumerate(doc["prompt_files"])] == [True] * 3
+    assert doc["batch"]["sequences"] == 3 and doc["batch"]["new_tokens"] == 36
+    for i in range(3):
+        one = tmp_path / f"one{i}.json"
+        r = runner.invoke(app, ["generate", *common, "--prompt-file", str(tmp_path / f"p{i}.txt"), "--json", str(one)])
+        assert r.exit_code == 0, r.output
+        assert doc["results"][i]["tokens"] == json.loads(one.read_text())["payload"]["result"]["tokens"], i
+    r = runner.invoke(app, ["generate", *common, *files, "--compare"])
+    assert r.exit_code != 0 and "take one prompt" in r.output

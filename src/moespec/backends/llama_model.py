@@ -43,13 +43,15 @@ class LlamaModel(GreedyByLogits):
     llama_decode takes. repack: llama.cpp's weight repacking (see the module docstring). flash_attn:
     llama.cpp's flash attention (None: its own choice, on for these CPUs). eval_callback: a
     `ggml_backend_sched_eval_callback` the scheduler asks about every node of every pass
-    (`llama_routing` reads the router's choice with one); it must outlive the model. Free the
-    C handles with `close()` or a `with` block; garbage collection also frees them.
+    (`llama_routing` reads the router's choice with one); it must outlive the model. sequences:
+    the KV caches the context holds, each of n_ctx positions in a stream of its own (`llama_batch`
+    decodes them together; this class uses the first). Free the C handles with `close()` or a
+    `with` block; garbage collection also frees them.
     """
 
     def __init__(self, path: str | Path, *, threads: int | None = None, n_ctx: int | None = None,
                  batch: int = DEFAULT_BATCH, repack: bool = False, flash_attn: bool | None = None,
-                 eval_callback=None):
+                 eval_callback=None, sequences: int = 1):
         L = llama_lib.bindings()
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be an int >= 1, got {threads!r}; omit it to use all {default_threads()} cores")
@@ -57,6 +59,8 @@ class LlamaModel(GreedyByLogits):
             raise ValueError(f"n_ctx must be >= 2 positions, got {n_ctx}")
         if batch < 2:
             raise ValueError(f"batch must be >= 2 tokens, got {batch}")
+        if isinstance(sequences, bool) or not isinstance(sequences, int) or sequences < 1:
+            raise ValueError(f"sequences must be an int >= 1, got {sequences!r}")
         self.path = llama_lib.check_gguf(path)
         self.threads = threads or default_threads()
         self._L, self._model, self._ctx, self._batch = L, None, None, None
@@ -70,7 +74,8 @@ class LlamaModel(GreedyByLogits):
         self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
         trained = L.llama_model_n_ctx_train(self._model)
         ctx = L.llama_context_default_params()
-        ctx.n_ctx = n_ctx or min(trained, DEFAULT_CONTEXT)
+        ctx.n_ctx = (n_ctx or min(trained, DEFAULT_CONTEXT)) * sequences  # one stream of n_ctx per sequence
+        ctx.n_seq_max = sequences
         ctx.n_batch = ctx.n_ubatch = batch
         ctx.n_threads = ctx.n_threads_batch = self.threads
         ctx.no_perf = True
@@ -82,10 +87,11 @@ class LlamaModel(GreedyByLogits):
             self.close()
             raise ValueError(f"llama.cpp could not make a context of {ctx.n_ctx} positions for {self.path}: "
                              f"{llama_lib.last_log()}; try a smaller n_ctx")
-        self.capacity = L.llama_n_ctx(self._ctx)
+        self.sequences = sequences
+        self.capacity = L.llama_n_ctx(self._ctx) // sequences  # positions of one sequence
         self.batch = batch
         self._memory = L.llama_get_memory(self._ctx)
-        self._batch = L.llama_batch_init(batch, 0, 1)
+        self._batch = L.llama_batch_init(batch, 0, sequences)
         limit = llama_lib.meta(self._model, VOCAB_LIMIT_KEY)
         self.vocab_limit = int(limit) if limit is not None else None
         self.architecture = llama_lib.meta(self._model, "general.architecture")

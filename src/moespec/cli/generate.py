@@ -76,8 +76,9 @@ def generate_cmd(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", callback=interval(1), help="tokens to generate, >= 1"),
     seed: int = typer.Option(0, "--seed", callback=interval(0)),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="Prompt text."),
-    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", exists=True, dir_okay=False,
-                                               help="Read the prompt from a UTF-8 text file."),
+    prompt_file: Optional[list[Path]] = typer.Option(None, "--prompt-file", exists=True, dir_okay=False,
+                                                     help="Read the prompt from a UTF-8 text file; repeat it to decode "
+                                                          "several prompts as one batch (llama.cpp), one sequence each."),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt as a user turn in the tokenizer's chat template "
                                                      "(instruct models such as smollm2)."),
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding and print the speedup."),
@@ -124,12 +125,21 @@ def generate_cmd(
 
     if sum(x is not None for x in (draft, prompt_lookup, oracle_acceptance)) > 1:
         raise typer.BadParameter("choose at most one of --draft, --prompt-lookup, --oracle-acceptance")
-    if (prompt is None) == (prompt_file is None):
+    if (prompt is None) == (not prompt_file):
         raise typer.BadParameter("give exactly one of --prompt and --prompt-file")
     if oracle_acceptance is not None and temperature > 0:
         raise typer.BadParameter(f"the oracle draft needs greedy decoding (--temperature 0), got --temperature {temperature}")
-    text = prompt if prompt is not None else read_text(prompt_file)
     console = cli_console()
+    if prompt_file and len(prompt_file) > 1:
+        if compare or step_times_from is not None or chat:
+            raise typer.BadParameter("--compare, --step-times-from and --chat take one prompt, not a batch of "
+                                     "prompt files")
+        return _batch(target=target, draft=draft, prompt_lookup=prompt_lookup, oracle_acceptance=oracle_acceptance,
+                      texts=[read_text(f) for f in prompt_file], files=prompt_file, k=k, max_k=max_k,
+                      temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
+                      backend=backend, draft_backend=draft_backend, threads=threads, exact=exact, json_out=json_out,
+                      console=console)
+    text = prompt if prompt is not None else read_text(prompt_file[0])
 
     model, tok = load_model(target, backend, threads=threads, exact=exact, experts_implementation=experts,
                             routing=routing, fast_linear=fast_linear)
@@ -188,4 +198,47 @@ def generate_cmd(
         payload.update(plain=plain.to_dict(), speedup=speedup)
     if json_out is not None:
         artifacts.write(json_out, "generate", payload)
+        console.print(f"wrote {json_out}")
+
+
+def _batch(*, target: str, draft: str | None, prompt_lookup: int | None, oracle_acceptance: float | None,
+           texts: list[str], files: list[Path], k, max_k: int, temperature: float, top_k, top_p, max_new_tokens: int,
+           seed: int, backend, draft_backend, threads, exact: bool, json_out: Path | None, console) -> None:
+    """Several prompt files decoded as one batch (`engine.batch.generate_batch`), one sequence each."""
+    from moespec import artifacts
+    from moespec.engine.batch import generate_batch
+    from moespec.engine.decode import check_pairing
+    from moespec.engine.proposers import OracleDraft, PromptLookup
+
+    B = len(texts)
+    model, tok = load_model(target, backend, threads=threads, exact=exact, sequences=B)
+    proposer = None
+    if draft is not None:
+        proposer, draft_tok = load_model(draft, draft_backend, threads=threads, exact=exact, sequences=B)
+        check_pairing(tok, draft_tok)
+    elif prompt_lookup is not None:
+        proposer = PromptLookup(prompt_lookup)
+    elif oracle_acceptance is not None:
+        proposer = [OracleDraft(oracle_acceptance, seed=seed + i) for i in range(B)]
+    prompts = [_encode(tok, text) for text in texts]
+    results = generate_batch(model, prompts, draft=proposer, k=k if proposer is not None else 0, max_k=max_k,
+                             temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
+                             eos_token_id=tok.eos_token_id, seed=seed, vocab_limit=len(tok))
+    table = Table("sequence", "prompt file", "new tokens", "rounds", "acceptance", "stop",
+                  title=f"a batch of {B} sequences")
+    for i, (f, r) in enumerate(zip(files, results)):
+        table.add_row(str(i), str(f), str(r.stats.new_tokens), str(r.stats.rounds),
+                      f"{r.stats.acceptance:.3f}" if r.stats.drafted else "-", r.stats.stop_reason)
+    for i, r in enumerate(results):
+        console.print(f"[{i}] {tok.decode(r.tokens)}", markup=False, highlight=False)
+    console.print(table)
+    batch = results[0].batch
+    console.print(f"batch: {batch.new_tokens} tokens in {batch.total_s:.2f} s, {batch.tokens_per_s:.1f} tokens/s, "
+                  f"{batch.rounds} rounds")
+    if json_out is not None:
+        artifacts.write(json_out, "generate", {
+            "target": target, "draft": draft, "prompt_lookup": prompt_lookup, "oracle_acceptance": oracle_acceptance,
+            "k": k, "max_k": max_k, "threads": threads, "exact": exact, "temperature": temperature, "top_k": top_k,
+            "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed, "prompt_files": [str(f) for f in files],
+            "texts": texts, "results": [{**r.to_dict(), "batch": None} for r in results], "batch": batch.to_dict()})
         console.print(f"wrote {json_out}")

@@ -109,7 +109,7 @@ def plain_rounds(*, target: SpecModel, seq: torch.Tensor, length: int, rounds: i
                   verify_s=s, sampling_s=0.0, seconds=s) for token, s in zip(produced, seconds)]
 
 
-def _until_eos(emitted: list[int], eos: Collection[int]) -> int | None:
+def until_eos(emitted: list[int], eos: Collection[int]) -> int | None:
     """The index of the first EOS among the round's committed tokens, or None."""
     return next((j for j, token in enumerate(emitted) if token in eos), None)
 
@@ -143,7 +143,7 @@ def run_round(*, target: SpecModel, proposer: Proposer | None, sampler: Sampler,
     seq[length: length + accepted] = drafts[:accepted]
     seq[length + accepted] = token
     new_tokens = accepted + 1
-    hit = _until_eos(seq[length: length + new_tokens].tolist(), eos) if eos else None
+    hit = until_eos(seq[length: length + new_tokens].tolist(), eos) if eos else None
     if hit is not None:
         new_tokens, accepted = hit + 1, min(accepted, hit)
     target.truncate(length + new_tokens - 1)

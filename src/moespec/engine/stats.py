@@ -134,18 +134,55 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class BatchStats:
+    """The figures of a batched call (`engine.batch.generate_batch`) over all its sequences.
+
+    live_per_round: the sequences each round's pass verified, [rounds]; k_per_round: the round's draft
+    length, one for the batch; round_s: each round's wall time; new_tokens: every sequence's."""
+
+    sequences: int
+    new_tokens: int
+    total_s: float
+    k_per_round: tuple[int, ...]
+    live_per_round: tuple[int, ...]
+    round_s: tuple[float, ...]
+    policy: dict = field(default_factory=dict)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.round_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Every sequence's new tokens over the call's wall time: the batch's throughput."""
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "rounds": self.rounds, "tokens_per_s": self.tokens_per_s}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BatchStats":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
 class GenerationResult:
-    """The new tokens (prompt excluded, EOS included when it stopped the run) and their statistics."""
+    """The new tokens (prompt excluded, EOS included when it stopped the run) and their statistics;
+    `batch` holds the batch's figures when the sequence was decoded in one (shared by all of them)."""
 
     tokens: list[int]
     stats: Stats
+    batch: BatchStats | None = None
 
     def to_dict(self) -> dict:
-        return {"tokens": list(self.tokens), "stats": self.stats.to_dict()}
+        return {"tokens": list(self.tokens), "stats": self.stats.to_dict(),
+                **({"batch": self.batch.to_dict()} if self.batch is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "GenerationResult":
-        return cls(tokens=list(d["tokens"]), stats=Stats.from_dict(d["stats"]))
+        return cls(tokens=list(d["tokens"]), stats=Stats.from_dict(d["stats"]),
+                   batch=BatchStats.from_dict(d["batch"]) if d.get("batch") else None)
 
 
 class RoundLog:

@@ -33,17 +33,23 @@ def resolve_backend(spec: str, backend: str = "auto") -> str:
 
 
 def load_llama(spec: str, *, threads: int | None = None, n_ctx: int | None = None, exact: bool = False,
-               repack: bool = False):
+               repack: bool = False, sequences: int | None = None):
     """(LlamaModel, LlamaTokenizer) of a GGUF file on llama.cpp; exact: every pass computes one
-    function (`backends.exact`), at the price of flash attention and of two-token plain steps."""
+    function (`backends.exact`), at the price of flash attention and of two-token plain steps.
+    sequences: a `LlamaBatch` holding that many sequences' caches of n_ctx positions each (for
+    `generate_batch`); exact then turns the same switches off and feeds no one-token pass."""
     from moespec.backends.exact import ExactPasses, exact_llama_environment
+    from moespec.backends.llama_batch import LlamaBatch
     from moespec.backends.llama_model import LlamaModel
     from moespec.backends.llama_tokenizer import LlamaTokenizer
 
     if exact:
         exact_llama_environment()
-    model = LlamaModel(gguf.resolve(spec), threads=threads, n_ctx=n_ctx, repack=repack,
-                       flash_attn=False if exact else None)
+    options = dict(threads=threads, n_ctx=n_ctx, repack=repack, flash_attn=False if exact else None)
+    if sequences is not None:
+        model = LlamaBatch(gguf.resolve(spec), sequences=sequences, exact=exact, **options)
+        return model, LlamaTokenizer(model)
+    model = LlamaModel(gguf.resolve(spec), **options)
     tok = LlamaTokenizer(model)
     return (ExactPasses(model) if exact else model), tok
 
@@ -62,6 +68,7 @@ def load(
     threads: int | None = None,
     n_ctx: int | None = None,
     exact: bool = False,
+    sequences: int | None = None,
 ):
     """(model, tokenizer) for a spec string.
 
@@ -76,13 +83,15 @@ def load(
     backend: "torch", "llama.cpp" (GGUF files, `load_llama`; threads and n_ctx are llama.cpp's), or "auto":
     llama.cpp for a GGUF file when llama-cpp-python is installed (what the CLI does). exact: every pass
     computes the same function (`backends.exact`: no one-token pass), so greedy output is the same at every k.
+    sequences: on llama.cpp, a model holding that many sequences for `generate_batch`.
     """
     if resolve_backend(spec, backend) == "llama.cpp":
         _refuse_torch_options(dtype=dtype, layers=layers, experts_implementation=experts_implementation,
                               routing=routing, fast_linear=fast_linear)
-        return load_llama(spec, threads=threads, n_ctx=n_ctx, exact=exact)
-    if threads is not None or n_ctx is not None:
-        raise ValueError("threads and n_ctx set llama.cpp's context; on the torch backend use torch.set_num_threads")
+        return load_llama(spec, threads=threads, n_ctx=n_ctx, exact=exact, sequences=sequences)
+    if threads is not None or n_ctx is not None or sequences is not None:
+        raise ValueError("threads, n_ctx and sequences set llama.cpp's context; on the torch backend use "
+                         "torch.set_num_threads, and decode one sequence at a time (generate)")
     registry.register()
     model, tok = _build(spec, dtype=dtype, seed=seed, layers=layers)
     model = _prepared(model, device=device, experts_implementation=experts_implementation, routing=routing,
