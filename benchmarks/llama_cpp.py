@@ -173,7 +173,7 @@ def part_plain(f: dict, reps: int, setting: str) -> dict:
 
     rows = {}
     cases = [("smollm2-q4_1", "smollm2", None), ("olmoe-shaped-f16", "synthetic:olmoe-shaped", "bfloat16"),
-             ("olmoe-shaped-q8_0", "synthetic:olmoe-shaped", "bfloat16")]
+             ("olmoe-shaped-q8_0", "synthetic:olmoe-shaped", "bfloat16"), ("trained-olmoe-q8_0", "trained:olmoe", None)]
     for name, torch_spec, dtype in cases:
         prompt = list(range(300, 332)) if name.startswith("smollm2") else [256, *range(40, 71)]
         ours = "moespec llama.cpp" + (" --exact" if setting == "exact" else "")
@@ -182,16 +182,27 @@ def part_plain(f: dict, reps: int, setting: str) -> dict:
         if setting == "default":
             torch_model, _ = load(torch_spec, backend="torch", fast_linear=True, **({"dtype": dtype} if dtype else {}))
         rates = {"llama-bench": [], ours: [], "moespec torch": []}
-        for r in range(reps):
-            rates["llama-bench"] += llama_bench(f[name], len(prompt), reps=1)
-            rates[ours].append(moespec_rate(model, prompt)[0])
+        engine_share = []  # the share of moespec's decoding time outside llama.cpp's passes (and their argmax)
+        for r in range(reps):  # in turns, llama-bench first on even repetitions: no engine always runs first
+            if r % 2 == 0:
+                rates["llama-bench"] += llama_bench(f[name], len(prompt), reps=1)
+            rate, out = moespec_rate(model, prompt)
+            if r % 2 == 1:
+                rates["llama-bench"] += llama_bench(f[name], len(prompt), reps=1)
+            rates[ours].append(rate)
+            engine_share.append(1 - out.stats.target_forward_s / out.stats.total_s)
             if torch_model is not None:
                 rates["moespec torch"].append(moespec_rate(torch_model, prompt)[0])
         del torch_model, model
         m = medians({k: v for k, v in rates.items() if v})
+        # each repetition's pair ran a minute apart at most: the median of their ratios reads through the
+        # machine's drift (here 0.6-1.5x between repetitions), which the ratio of medians does not
+        paired = statistics.median(o / b for o, b in zip(rates[ours], rates["llama-bench"]))
         rows[name] = {"samples": rates, "median_tokens_per_s": m, "depth": len(prompt),
-                      "moespec_over_llama": m[ours] / m["llama-bench"]}
-        print(name, {k: round(v, 1) for k, v in m.items()}, f"ratio {rows[name]['moespec_over_llama']:.3f}", flush=True)
+                      "moespec_over_llama": m[ours] / m["llama-bench"], "paired_ratio": paired,
+                      "engine_share": statistics.median(engine_share)}
+        print(name, {k: round(v, 1) for k, v in m.items()}, f"ratio {rows[name]['moespec_over_llama']:.3f}",
+              f"paired {paired:.3f}", f"engine share {rows[name]['engine_share']:.4f}", flush=True)
     return rows
 
 

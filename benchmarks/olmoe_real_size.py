@@ -131,12 +131,16 @@ def plain_speed(gguf_path: Path, threads: int, reps: int) -> dict:
     prompt = list(range(300, 332))
     model, _ = load(str(gguf_path), backend="llama.cpp", threads=threads)
     rates = {"llama-bench": [], "moespec": []}
-    for _ in range(reps):
-        rates["llama-bench"] += llama_cpp_bench.llama_bench(gguf_path, len(prompt), reps=1)
+    for r in range(reps):  # in turns, llama-bench first on even repetitions: no engine always runs first
+        if r % 2 == 0:
+            rates["llama-bench"] += llama_cpp_bench.llama_bench(gguf_path, len(prompt), reps=1)
         rates["moespec"].append(llama_cpp_bench.moespec_rate(model, prompt)[0])
+        if r % 2 == 1:
+            rates["llama-bench"] += llama_cpp_bench.llama_bench(gguf_path, len(prompt), reps=1)
     model.close()
     m = {k: float(np.median(v)) for k, v in rates.items()}
-    return {"samples": rates, "median_tokens_per_s": m, "ratio": m["moespec"] / m["llama-bench"]}
+    paired = float(np.median([o / b for o, b in zip(rates["moespec"], rates["llama-bench"])]))  # through the drift
+    return {"samples": rates, "median_tokens_per_s": m, "ratio": m["moespec"] / m["llama-bench"], "paired_ratio": paired}
 
 
 def routing_reuse(trace_path: Path) -> dict:
@@ -192,10 +196,10 @@ def main() -> None:
         result["routing"] = routing_reuse(run_dir / "traces.parquet")
     if "plain" in args.parts:
         result["plain"] = plain_speed(q4, args.threads, args.plain_reps)
-    goal_memory = result["file"]["bytes"] + 2e9
-    result["goals"] = {"wall_s <= 3600": result["chain"]["wall_s"] <= 3600,
-                       "peak memory <= file + 2 GB": result["chain"]["peak_rss_bytes"] <= goal_memory,
-                       "plain >= 0.99x llama-bench": result["plain"]["ratio"] >= 0.99}
+    if "chain" in result and "plain" in result:
+        result["goals"] = {"wall_s <= 3600": result["chain"]["wall_s"] <= 3600,
+                           "peak memory <= file + 2 GB": result["chain"]["peak_rss_bytes"] <= result["file"]["bytes"] + 2e9,
+                           "plain >= 0.99x llama-bench (paired)": result["plain"]["paired_ratio"] >= 0.99}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     c, p, r = result["chain"], result["plain"], result["routing"]
@@ -206,7 +210,7 @@ def main() -> None:
             print(f"  {version:14s} k̂* within one {s['k_within_one']}/{s['acceptances']}, loss {100 * s['loss']:.1f}%, "
                   f"verify-time error {100 * s['tau_error']:.1f}%")
     print(f"plain: moespec {p['median_tokens_per_s']['moespec']:.2f} t/s, llama-bench "
-          f"{p['median_tokens_per_s']['llama-bench']:.2f} t/s, ratio {p['ratio']:.3f}")
+          f"{p['median_tokens_per_s']['llama-bench']:.2f} t/s, ratio {p['ratio']:.3f}, paired {p['paired_ratio']:.3f}")
     print(f"routing: rho(2) {r['rho_2_mean']:.3f} (uniform {r['rho_2_uniform']:.3f}, real OLMoE {REAL_RHO_2})")
     print(f"wrote {args.out}")
 
