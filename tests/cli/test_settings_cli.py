@@ -91,3 +91,36 @@ def test_bad_input():
         assert r.exit_code == 2, (args, r.output)
         assert text in r.output, r.output
         assert "Traceback" not in r.output
+
+
+def test_batch_step_times_give_a_draft_length_per_batch_size(tmp_path):
+    out = tmp_path / "batch.json"
+    r = runner.invoke(app, ["settings", "--batch-step-times", "1=10,11,12,13,14", "--batch-step-times", "8=14,22,30,38,46",
+                            "-a", "0.8", "--draft", "d.gguf", "--max-batch", "32", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "[[1, 7, 4], [8, 32, 1]]" in r.output and "llama-server -np 8: -np 8 " in r.output
+    row = artifacts.load(out, "settings")["payload"]["rows"][0]
+    assert row["k_star"] == {"1": 4, "8": 1} and row["acceptance"] == 0.8
+    for bad, why in ((["--batch-step-times", "x=1,2"], "B=V(0)"), (["--batch-step-times", "2=10"], "only V(0)"),
+                     (["--batch-step-times", "2=10,11", "--step-times", "10,11"], "batch size 1"),
+                     (["--batch-sizes", "1,2"], "go together"), (["--batch-sizes", "0,2", "--timed", str(out)], "distinct")):
+        r = runner.invoke(app, ["settings", *bad])
+        assert r.exit_code != 0 and why in r.output, (bad, r.output)
+
+
+def test_batch_sizes_timed_on_a_gguf_file(tmp_path, gguf_files):
+    """V_B(k) timed on llama.cpp at B = 1, 2 (one pass per point): a positive step time per k and batch
+    size, and the settings follow from them."""
+    from tests.conftest import require_llama
+
+    require_llama()
+    out = tmp_path / "timed.json"
+    r = runner.invoke(app, ["settings", "--batch-sizes", "1,2", "--timed", str(gguf_files["olmoe-q8_0"]), "--max-k", "2",
+                            "--reps", "1", "--timed-depth", "16", "--threads", "1", "--draft", str(gguf_files["draft-q8_0"]),
+                            "-a", "0.9", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    payload = artifacts.load(out, "settings")["payload"]
+    V = payload["batch_step_times_ms"]
+    assert sorted(V) == ["1", "2"] and all(len(v) == 3 and min(v) > 0 for v in V.values())
+    assert sorted(payload["timing"]["draft_step"]) == ["1", "2"]  # the draft file was timed too
+    assert set(payload["rows"][0]["k_star"]) == {"1", "2"}

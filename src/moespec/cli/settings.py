@@ -89,8 +89,28 @@ def settings(
                                                       "n-gram size N >= 1")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", callback=output_file,
                                                   help="also write the settings as a JSON artifact")] = None,
+    batch_step_times: Annotated[list[str] | None, typer.Option(
+        "--batch-step-times", help="B=V_B(0),V_B(1),... in ms, the step times at batch size B; repeatable: the "
+                                   "settings per batch size")] = None,
+    batch_sizes: Annotated[str | None, typer.Option(help="batch sizes such as 1,2,4,8 to time on --timed's file: "
+                                                         "the settings per batch size")] = None,
+    timed: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="a GGUF target whose V_B(k) to "
+                                               "time on llama.cpp at --batch-sizes (a GGUF --draft is timed too)")] = None,
+    max_k: Annotated[int, typer.Option(callback=interval(1, 16), help="largest draft length timed (--timed)")] = 6,
+    depth_timed: Annotated[int, typer.Option("--timed-depth", callback=interval(1),
+                                             help="tokens each sequence holds when timed (--timed)")] = 128,
+    reps: Annotated[int, typer.Option(callback=interval(1), help="timed passes per point (--timed)")] = 7,
+    threads: Annotated[int | None, typer.Option(callback=interval(1), help="llama.cpp threads (--timed)")] = None,
+    max_batch: Annotated[int | None, typer.Option(callback=interval(1), help="the last vLLM range ends here "
+                                                  "(default: the largest batch size)")] = None,
 ) -> None:
-    """Draft length, n-min and p-min for llama.cpp, vLLM and SGLang from k̂*(a) and V̂(k), at batch size 1."""
+    """Draft length, n-min and p-min for llama.cpp, vLLM and SGLang from k̂*(a) and V̂(k): at batch size 1,
+    or per batch size (--batch-step-times, or --batch-sizes with --timed FILE.gguf)."""
+    if batch_step_times or batch_sizes or timed is not None:
+        return _batches(batch_step_times=batch_step_times, batch_sizes=batch_sizes, timed=timed, max_k=max_k,
+                        depth=depth_timed, reps=reps, threads=threads, acceptance=acceptance, draft=draft,
+                        prompt_lookup=prompt_lookup, max_batch=max_batch, others=(prediction, step_times),
+                        json_out=json_out)
     _choice(version, VERSIONS, "'--version'")
     _choice(kernel, KERNELS, "'--kernel'")
     engines = ENGINES if engine == "all" else (_choice(engine, (*ENGINES, "all"), "'--engine'"),)
@@ -128,7 +148,8 @@ def settings(
                           highlight=False)
     if draft is None and prompt_lookup is None:
         console.print(f"{DRAFT_PLACEHOLDER} stands for your draft model: name it with --draft, or use --prompt-lookup")
-    console.print("Not modelled: batch size > 1 and tree drafts (see docs/settings.md).")
+    console.print("Not modelled here: batch size > 1 (--batch-sizes, --batch-step-times) and tree drafts "
+                  "(see docs/settings.md).")
 
     if json_out is not None:
         from moespec.artifacts import write
@@ -136,4 +157,115 @@ def settings(
         payload = result.to_dict()
         del payload["step_times"]  # seconds from a prediction, ms from --step-times: written once, in ms
         write(json_out, "settings", {"source": origin, "step_times_ms": [float(v) for v in V_ms], **payload})
+        console.print(f"wrote {json_out}")
+
+
+def _parse_batch_step_times(texts: list[str]) -> dict:
+    """{B: V_B in ms} from ["1=10,11,13", "4=14,17,22"]."""
+    out = {}
+    for text in texts:
+        B, sep, times = text.partition("=")
+        if not sep or not B.strip().isdigit() or int(B) < 1:
+            raise typer.BadParameter(f"{text!r} is not B=V(0),V(1),... with a batch size B >= 1, such as 4=14,17,22",
+                                     param_hint="'--batch-step-times'")
+        if int(B) in out:
+            raise typer.BadParameter(f"batch size {int(B)} is given twice", param_hint="'--batch-step-times'")
+        V = _step_times(times)
+        if len(V) < 2:
+            raise typer.BadParameter(f"{text!r} gives only V(0); give V(0),V(1),... (kmax >= 1)",
+                                     param_hint="'--batch-step-times'")
+        out[int(B)] = V
+    return out
+
+
+def _parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
+        raise typer.BadParameter(f"{text!r} is not a list of distinct batch sizes >= 1 such as 1,2,4,8",
+                                 param_hint="'--batch-sizes'")
+    return sorted(sizes)
+
+
+def _batch_step_times(*, batch_step_times, batch_sizes, timed, max_k, depth, reps, threads, draft, console):
+    """({B: V_B in ms}, where they came from, the timing record or None)."""
+    if batch_step_times:
+        if batch_sizes or timed is not None:
+            raise typer.BadParameter("give --batch-step-times, or --batch-sizes with --timed, not both",
+                                     param_hint="'--batch-step-times'")
+        return _parse_batch_step_times(batch_step_times), "--batch-step-times", None
+    if not batch_sizes or timed is None:
+        raise typer.BadParameter("--batch-sizes and --timed go together: the batch sizes to time and the GGUF file "
+                                 "to time them on", param_hint="'--timed'" if batch_sizes else "'--batch-sizes'")
+    from rich.progress import Progress
+
+    from moespec.bench.batch_passes import batch_step_times as time_batches
+
+    sizes = _parse_sizes(batch_sizes)
+    draft_file = Path(draft) if draft is not None and draft.endswith(".gguf") and Path(draft).is_file() else None
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"timing passes of {sizes} sequences on {timed.name}", total=None)
+        try:
+            record = time_batches(timed, sizes, max_k, depth=depth, reps=reps, threads=threads, draft=draft_file,
+                                  progress=lambda done, total: bar.update(task, completed=done, total=total))
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="'--batch-sizes'") from None
+    V = {B: [1e3 * v for v in row] for B, row in record["V"].items()}
+    origin = f"timed on {timed} at depth {depth}" + (f", draft {draft_file}" if draft_file else ", no draft pass")
+    return V, origin, record
+
+
+def _batches(*, batch_step_times, batch_sizes, timed, max_k, depth, reps, threads, acceptance, draft, prompt_lookup,
+             max_batch, others, json_out) -> None:
+    """The settings per batch size (`costmodel.settings.recommend_batches`)."""
+    from moespec.costmodel.settings import recommend_batches
+
+    if any(x is not None for x in others):
+        raise typer.BadParameter("--prediction and --step-times give batch size 1; per batch size give "
+                                 "--batch-step-times, or --batch-sizes with --timed", param_hint="'--batch-sizes'")
+    if draft is not None and prompt_lookup is not None:
+        raise typer.BadParameter("give --draft or --prompt-lookup, not both", param_hint="'--draft'")
+    console = cli_console()
+    V, origin, record = _batch_step_times(batch_step_times=batch_step_times, batch_sizes=batch_sizes, timed=timed,
+                                          max_k=max_k, depth=depth, reps=reps, threads=threads, draft=draft,
+                                          console=console)
+    if max_batch is not None and max_batch < max(V):
+        raise typer.BadParameter(f"--max-batch {max_batch} is below the largest batch size, {max(V)}",
+                                 param_hint="'--max-batch'")
+    grid = _acceptances(acceptance) if acceptance else [Fraction(str(a)) for a in ACCEPTANCE_GRID]
+    rows = recommend_batches(V, grid, draft=draft, prompt_lookup=prompt_lookup, max_batch=max_batch)
+    console.print(f"V_B(k) from {origin}, ms:")
+    for B, row in V.items():
+        console.print(f"  B = {B}: " + ", ".join(f"{float(v):.4g}" for v in row), highlight=False)
+    sizes = sorted(V)
+    table = Table("a", *(f"k̂* at B={B}" for B in sizes), "vLLM ranges [lo, hi, k]",
+                  title="the best draft length per batch size")
+    for r in rows:
+        ranges = dict((s.name, s.value) for s in r.vllm.values).get("num_speculative_tokens_per_batch_size")
+        table.add_row(f"{float(r.acceptance):.4g}", *(str(r.k_star[B]) for B in sizes), str(ranges or "off"))
+    console.print(table)
+    for r in rows:
+        a = f"a = {float(r.acceptance):.4g}"
+        console.print(f"{a}, vllm: {r.vllm.fragment or '# ' + r.vllm.note}", soft_wrap=True, markup=False,
+                      highlight=False)
+        for B in sizes:
+            llama, sglang = r.per_batch[B]
+            console.print(f"{a}, llama-server -np {B}: {llama.fragment}", soft_wrap=True, markup=False,
+                          highlight=False)
+            console.print(f"{a}, sglang at batch {B}: {sglang.fragment or '# ' + sglang.note}", soft_wrap=True,
+                          markup=False, highlight=False)
+    console.print("llama-server and SGLang take one draft length for every batch: use the line of the batch size you "
+                  "run most (docs/settings.md#batch-sizes).")
+    if draft is None and prompt_lookup is None:
+        console.print(f"{DRAFT_PLACEHOLDER} stands for your draft model: name it with --draft, or use --prompt-lookup")
+    if json_out is not None:
+        from moespec.artifacts import write
+
+        write(json_out, "settings", {"source": origin, "batch_step_times_ms": {str(B): [float(v) for v in row]
+                                                                                for B, row in V.items()},
+                                     "timing": record and {k: v for k, v in record.items() if k != "V"},
+                                     "draft": draft, "prompt_lookup": prompt_lookup,
+                                     "rows": [r.to_dict() for r in rows]})
         console.print(f"wrote {json_out}")

@@ -12,7 +12,8 @@ engine file that defines it. docs/settings.md gives the rules and what is not mo
   each, so it does not raise the throughput of any draft that beats no draft (proof in
   docs/settings.md). For convex non-decreasing V it equals a_1 = a0, where drafting first pays.
 
-The model is batch 1 with a chain of k drafts: no batch > 1, no tree drafts.
+The model is a chain of k drafts (no tree drafts); batch size 1 from V, or one V_B per batch size
+(`recommend_batches`: vLLM's per-batch-size ranges, llama-server and SGLang one line per B).
 """
 
 from __future__ import annotations
@@ -291,3 +292,106 @@ def recommend(V: Sequence, acceptances: Sequence, *, draft: str | None = None, p
         rows.append(Recommendation(a, k, speedup(V, a, k), n_min, values))
     return Recommendations(tuple(V), first_draft_threshold(V), tuple(step_points(V)), p_min, draft, prompt_lookup,
                            tuple(rows))
+
+
+# ---- batch size B > 1: one draft length per batch size (costmodel.batch) ----
+
+VLLM_DYNAMIC = "vllm vllm/v1/spec_decode/dynamic/utils.py (num_speculative_tokens_per_batch_size)"
+SGLANG_ADAPTIVE = "sglang python/sglang/srt/speculative/adaptive_spec_params.py"
+
+
+@dataclass(frozen=True)
+class BatchRecommendation:
+    """One acceptance at several batch sizes: k*(a, B), the total speedup at each B, and the engines'
+    settings (vLLM's ranges; llama-server and SGLang one line per B, since each takes one k)."""
+
+    acceptance: Any
+    k_star: dict  # {B: k*(a, B)}
+    speedup: dict  # {B: T_{a,B}(k*)/T_{a,B}(0)}
+    vllm: Settings
+    per_batch: dict  # {B: (llama.cpp Settings with -np B, SGLang Settings)}
+
+    def to_dict(self) -> dict:
+        return {"acceptance": _plain(self.acceptance), "k_star": {str(B): k for B, k in self.k_star.items()},
+                "speedup": {str(B): _plain(s) for B, s in self.speedup.items()}, "vllm": self.vllm.to_dict(),
+                "per_batch": {str(B): [s.to_dict() for s in pair] for B, pair in self.per_batch.items()}}
+
+
+def batch_ranges(k_by_batch: dict, max_batch: int | None = None) -> list[list[int]]:
+    """vLLM's [[lo, hi, K], ...] (inclusive) from k at the batch sizes given: B_i covers B_i..B_{i+1}-1,
+    the first range starts at 1 (vLLM requires it: k at the smallest B given stands for the sizes below),
+    the last ends at max_batch (default: the largest B given; vLLM keeps the last K above it), and
+    neighbours with equal K merge."""
+    sizes = sorted(int(B) for B in k_by_batch)
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"need batch sizes >= 1, got {sorted(k_by_batch)}")
+    top = sizes[-1] if max_batch is None else int(max_batch)
+    if top < sizes[-1]:
+        raise ValueError(f"max_batch {max_batch} is below the largest batch size given, {sizes[-1]}")
+    ranges: list[list[int]] = []
+    for i, B in enumerate(sizes):
+        lo, hi, K = 1 if i == 0 else B, sizes[i + 1] - 1 if i + 1 < len(sizes) else top, int(k_by_batch[B])
+        if ranges and ranges[-1][2] == K:
+            ranges[-1][1] = hi
+        else:
+            ranges.append([lo, hi, K])
+    return ranges
+
+
+def vllm_batch_settings(k_by_batch: dict, *, draft: str | None = None, prompt_lookup: int | None = None,
+                        max_batch: int | None = None) -> Settings:
+    """vLLM's --speculative-config with a draft length per batch-size range: num_speculative_tokens is
+    the largest k*(a, B) (vLLM caps every range's K by it), num_speculative_tokens_per_batch_size the
+    ranges (`batch_ranges`)."""
+    top = max(k_by_batch.values())
+    if top == 0:
+        return Settings("vllm", False, (), "", "speculation pays at none of these batch sizes: omit "
+                        "--speculative-config")
+    single = vllm_settings(k=top, draft=draft, prompt_lookup=prompt_lookup)
+    ranges = batch_ranges(k_by_batch, max_batch)
+    per = Setting("num_speculative_tokens_per_batch_size", ranges,
+                  "[first batch size, last batch size, draft length] per range: k*(a, B) over the batch sizes "
+                  "measured", VLLM_DYNAMIC, True)
+    values = tuple(Setting(s.name, s.value, "the largest draft length of the ranges (it caps them)", s.source, True)
+                   if s.name == "num_speculative_tokens" else s for s in single.values) + (per,)
+    config = json.dumps({s.name: s.value for s in values})
+    return Settings("vllm", True, values, f"--speculative-config {shlex.quote(config)}",
+                    f"batch sizes above {ranges[-1][1]} keep the last range's draft length")
+
+
+def _with_slots(s: Settings, B: int) -> Settings:
+    """llama-server's settings for -np B slots (its draft length is one for all slots)."""
+    slots = Setting("-np", B, "parallel slots: up to B sequences decoded together", f"{LLAMA_ARG} (--parallel)")
+    values = (slots, *s.values)
+    return Settings(s.engine, s.speculate, values, f"-np {B} {s.fragment}".strip(), s.note)
+
+
+def recommend_batches(V_by_batch: dict, acceptances: Sequence, *, draft: str | None = None,
+                      prompt_lookup: int | None = None, max_batch: int | None = None) -> list[BatchRecommendation]:
+    """k*(a, B) and the engines' settings at each acceptance from V_B(0..kmax) at each batch size B
+    ({B: V_B}, kmax >= 1 at every B; any one unit). vLLM takes the whole schedule; llama-server
+    (`-np B`) and SGLang take one draft length for every batch, so each B gets its own line (SGLang's
+    --speculative-adaptive adapts the steps to the acceptance, not to the batch size)."""
+    _draft_kind(draft, prompt_lookup)
+    checked = {}
+    for B, V in sorted(V_by_batch.items()):
+        V = check_step_times(V)
+        if len(V) < 2:
+            raise ValueError(f"batch size {B}: give V_B(0), V_B(1), ... (kmax >= 1), got {len(V)} step time")
+        checked[int(B)] = V
+    if not checked:
+        raise ValueError("give the step times of at least one batch size")
+    rows = []
+    for a in acceptances:
+        a = check_acceptance(a)
+        ks = {B: best_draft_length(V, a) for B, V in checked.items()}
+        per = {}
+        for B, V in checked.items():
+            k, n_min = ks[B], shortest_paying_draft(V, a)
+            llama = llama_cpp_settings(k=k, n_min=n_min, p_min=draft_probability_floor(V), draft=draft,
+                                       prompt_lookup=prompt_lookup)
+            per[B] = (_with_slots(llama, B), sglang_settings(k=k, draft=draft, prompt_lookup=prompt_lookup))
+        rows.append(BatchRecommendation(a, ks, {B: speedup(V, a, ks[B]) for B, V in checked.items()},
+                                        vllm_batch_settings(ks, draft=draft, prompt_lookup=prompt_lookup,
+                                                            max_batch=max_batch), per))
+    return rows
