@@ -80,8 +80,10 @@ def test_options_of_the_other_backend_are_refused(gguf_files):
         load(str(gguf_files["olmoe-q8_0"]), backend="llama.cpp", dtype="bfloat16")
     with pytest.raises(ValueError, match="decodes GGUF files; 'trained:olmoe' is none.*export-gguf trained:olmoe"):
         load("trained:olmoe", backend="llama.cpp")
-    with pytest.raises(ValueError, match="threads and n_ctx set llama.cpp's context"):
+    with pytest.raises(ValueError, match="threads, n_ctx and sequences set llama.cpp's context"):
         load("synthetic:dense-tiny", threads=1)
+    with pytest.raises(ValueError, match="decode one sequence at a time"):
+        load("synthetic:dense-tiny", sequences=2)
 
 
 @pytest.mark.parametrize("args, message", [
