@@ -16,6 +16,7 @@ import moespec.engine.decode as decode
 import moespec.engine.sampling as sampling
 from moespec.engine.decode import generate
 from moespec.engine.proposers import DraftModel, OracleDraft, PromptLookup
+from tests.engine.fake_clock import FakeClock
 
 V, PAD = 48, 4
 RUNS, TOKENS = 800, 25
@@ -42,32 +43,13 @@ def _pair(table_lm):
     return table_lm(V, seed=1, width=V + PAD), table_lm(V, seed=2, width=V + PAD, scale=0.6)
 
 
-class _Clock:
-    """Stands in for decode's `time`: each pass advances it by 1 + n/4 (target, n tokens) or 1/5
-    (draft), so V(k) = 5/4 + 9k/20 and k="auto" makes the same choices on every run."""
-
-    def __init__(self, target, draft):
-        self.now = 0.0
-        for lm, cost in ((target, lambda n: 1 + n / 4), (draft, lambda n: 0.2)):
-            lm.extend = self._timed(lm.extend, cost)
-
-    def _timed(self, extend, cost):
-        def timed(tokens, outputs=None):
-            self.now += cost(tokens.numel())
-            return extend(tokens, outputs)
-        return timed
-
-    def perf_counter(self) -> float:
-        return self.now
-
-
 def test_speculative_sampling_matches_target_sampling(table_lm, monkeypatch):
     target, draft = _pair(table_lm)
     plain = _counts(target, None, k=0)
     spec = _counts(target, draft, k=4)
     assert plain[V:].sum() == 0 and spec[V:].sum() == 0, "a padded id was produced"
     assert _two_sample_p(spec, plain) > 0.01  # 20,000 tokens per method, gate threshold 0.01
-    monkeypatch.setattr(decode, "time", _Clock(target, draft))
+    monkeypatch.setattr(decode, "time", FakeClock(target, draft))
     auto = _counts(target, draft, k="auto")
     assert _two_sample_p(auto, plain) > 0.01
 

@@ -20,6 +20,7 @@ from moespec.engine.proposers import DraftModel, OracleDraft, PromptLookup
 from moespec.models import synthetic
 
 from ..conftest import require_llama
+from tests.engine.fake_clock import FakeClock
 
 REAL, NEW = 259, 32
 
@@ -76,33 +77,12 @@ def test_pass_sizes_are_timed_ends_first_and_seeds_interpolate():
     assert step_store.seed_from_entry({"measured": {"1": 1.0, "3": 4.0}}, 4) is None
 
 
-class _Clock:
-    """A fake clock the models advance: a target pass of n tokens costs 1 + n/4, a draft step 1/5."""
-
-    def __init__(self, target, draft):
-        self.now = 0.0
-        for lm, cost in ((target, lambda n: 1 + n / 4), (draft, lambda n: 0.2)):
-            lm.extend = self._timed(lm.extend, cost)
-
-    def _timed(self, extend, cost):
-        def timed(tokens, outputs=None):
-            self.now += cost(tokens.numel())
-            return extend(tokens, outputs)
-        return timed
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_timing_keeps_to_its_budget_and_extrapolates_exactly(table_lm):
     context = torch.tensor([1, 2, 3])
     for budget, timed, after in [(8.0, [1, 2], 9), (10.0, [1, 2, 9], 5), (100.0, warm_start.size_order(9), None)]:
         target, draft = table_lm(48, seed=1), table_lm(48, seed=2)
         target.extend(context)
-        clock = _Clock(target, draft)
+        clock = FakeClock(target, draft)
         tau, delta, target_s, draft_s = warm_start.time_passes(target, draft, context, 8, 1000, clock=clock,
                                                                budget_s=budget)
         assert clock.now <= budget and target_s + draft_s == pytest.approx(clock.now)
@@ -114,7 +94,7 @@ def test_the_timing_keeps_to_its_budget_and_extrapolates_exactly(table_lm):
         assert target.length == 3 and draft.length == 0
     # one stray slow pass (of 9 tokens, +10) is timed again, and the faster kept
     target, draft = table_lm(48, seed=1), table_lm(48, seed=2)
-    clock, stray = _Clock(target, draft), [10.0]
+    clock, stray = FakeClock(target, draft), [10.0]
     extend = target.extend
     target.extend = lambda tokens, outputs=None: (tokens.numel() == 9 and stray and clock.advance(stray.pop()),
                                                   extend(tokens, outputs))[1]
@@ -122,7 +102,7 @@ def test_the_timing_keeps_to_its_budget_and_extrapolates_exactly(table_lm):
     assert tau[9] == pytest.approx(3.25) and not stray and clock.now == pytest.approx(22.3 + 10 + 3.25)
     # the share of a plain call binds too: 0.1 x 40 tokens x 1.25 (the warm-up) = 5
     target, draft = table_lm(48, seed=1), table_lm(48, seed=2)
-    clock = _Clock(target, draft)
+    clock = FakeClock(target, draft)
     tau, delta, *_ = warm_start.time_passes(target, draft, context, 8, 40, clock=clock, budget_s=100.0, share=0.1)
     assert clock.now <= 5 and list(tau) == [1] and warm_start.seed_from_passes(tau, delta, 8) is None
 
