@@ -36,7 +36,10 @@ AutoK's estimates and rules (every rule is deterministic, so a run can be repeat
   from its second round on, so each k is explored in about two rounds. Once `refresh` (32) rounds have passed without a timed
   plain round, a choice k >= 1 gives way to one plain round: V(0) is the bar "never slower than
   plain" compares against. While the choice is 0, a probe round drafts the best k >= 1 after
-  `probe` (4) plain rounds, then after 8, 16, ... up to `refresh` as probes keep failing, unless no k
+  `probe` (4) plain rounds, then after 8, 16, ... up to `refresh` as probes keep failing, and never
+  sooner than its expected loss V(k) - E(k) V(0) is PROBE_SHARE (3%) of the plain rounds' time before
+  it (a probe of a long draft where a two-token pass costs several one-token passes waits hundreds of
+  rounds: benchmarks/llama_cpp_auto.py), unless no k
   would pay even were every draft accepted ((k + 1) V(0) <= V(k) for every k): acceptance
   is only seen by drafting and a k's time only by timing it, the text may have become easier, and a
   slow first timing must not lock drafting out for long.
@@ -51,6 +54,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import median
 from typing import Protocol, runtime_checkable
+
+PROBE_SHARE = 0.03  # the most of plain decoding's time a probe's expected loss may take
 
 
 def interpolate_step_times(measured: Mapping[int, float], max_k: int) -> list[float] | None:
@@ -205,9 +210,21 @@ class AutoK:
         best, drafting = self._ranked(V)
         if best and self.since_plain >= self.refresh:
             return 0
-        if not best and self.since_draft >= self._wait and any((k + 1) * V[0] > V[k] for k in range(1, len(V))):
-            return drafting  # a probe, where some k would pay were every draft accepted
+        if not best and self.since_draft >= self._probe_wait(V, drafting):
+            return drafting  # a probe of the best drafting k, due (`_probe_wait`)
         return best
+
+    def _probe_wait(self, V: list, k: int) -> float:
+        """Plain rounds before a probe of k while plain decoding is the choice: the doubling wait, and
+        as many rounds as keep the probe's expected loss, V(k) - E(k) V(0), within PROBE_SHARE of
+        their time; never (inf) when no k would pay were every draft accepted."""
+        if all((j + 1) * V[0] <= V[j] for j in range(1, len(V))):
+            return math.inf
+        E, p = 1.0, 1.0
+        for i in range(1, k + 1):
+            p *= self.alpha[i]
+            E += p
+        return max(self._wait, (V[k] - E * V[0]) / (PROBE_SHARE * V[0]))
 
     def _ranked(self, V: list) -> tuple[int, int]:
         """(the maximizer of E(k)/V(k) over 0..max_k, the maximizer over 1..max_k), the smallest on ties."""
@@ -227,9 +244,13 @@ class AutoK:
         effect at that probe, a few rounds later at most."""
         if self.max_k == 0:
             return sys.maxsize
-        if self.V is None or self._ranked(self.V)[0] != 0:
+        if self.V is None:
             return 0
-        return max(self._wait - self.since_draft, 0)
+        best, drafting = self._ranked(self.V)
+        if best:
+            return 0
+        wait = self._probe_wait(self.V, drafting)
+        return sys.maxsize if wait == math.inf else max(math.ceil(wait) - self.since_draft, 0)
 
     def update(self, *, drafted: int, accepted: int, tested: int, seconds: float | None) -> None:
         """After a round that drafted `drafted` tokens: the walk tested positions 1..tested and accepted
