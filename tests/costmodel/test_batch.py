@@ -46,3 +46,25 @@ def test_step_times_add_each_terms_growth_to_the_measured_pass():
         pass_tokens(0, 1)
     with pytest.raises(ValueError, match="must match"):
         step_times(F(20), lambda U, n: 0, lambda n: 0, [F(1)], [[1], [2]], B=1)
+
+
+def test_a_schedule_is_scored_cell_by_cell_with_the_rules_of_batch_one():
+    """Two batch sizes, two acceptances: k̂* from V̂_B against the measured best of each cell."""
+    from moespec.costmodel.batch import score_schedule
+
+    V = {1: [10, 11, 12, 13], 4: [12, 18, 24, 30]}
+    # E(k)/V(k) at a = 0.9: 0.1, 0.173, 0.226, 0.264 (B = 1) and 0.083, 0.106, 0.113, 0.115 (B = 4): k̂* = 3 at both;
+    # at a = 0.5, B = 4: 0.083, 0.083 (a tie: the smallest k), 0.073, 0.063: k̂* = 0
+    measured = {1: {0.9: [100, 160, 200, 190], 0.5: [100, 120, 110, 90]},
+                4: {0.9: [300, 320, 330, 310], 0.5: [300, 250, 200, 150]}}
+    out = score_schedule(V, measured, [0.9, 0.5])
+    cells = {(c["B"], c["a"]): c for c in out["cells"]}
+    assert cells[(1, 0.9)]["k_hat"] == 3 and cells[(1, 0.9)]["k_measured"] == 2
+    assert cells[(1, 0.9)]["loss"] == pytest.approx(1 - 190 / 200) and cells[(1, 0.9)]["within_one"]
+    assert cells[(4, 0.5)]["k_hat"] == 0 and cells[(4, 0.5)]["loss"] == 0
+    assert cells[(4, 0.9)]["k_hat"] == 3 and cells[(4, 0.9)]["loss"] == pytest.approx(1 - 310 / 330)
+    k_hat_1_05 = cells[(1, 0.5)]["k_hat"]  # E/V: 0.1, 0.136, 0.146, 0.144 -> 2; measured best 1
+    assert k_hat_1_05 == 2 and cells[(1, 0.5)]["loss"] == pytest.approx(1 - 110 / 120)
+    assert out["within_one"] == 1.0 and out["loss_max"] == pytest.approx(max(c["loss"] for c in out["cells"]))
+    with pytest.raises(ValueError, match="3 measured throughputs for 4 step times"):
+        score_schedule(V, {1: {0.9: [1, 2, 3]}}, [0.9])

@@ -1,9 +1,9 @@
-"""Which model an artifact describes (`bench.lineage.identity`) and the check that combines only one's."""
+"""Which model an artifact describes (`lineage.identity`) and the check that combines only one's."""
 
 import numpy as np
 import pytest
 
-from moespec.bench.lineage import IDENTITY, check_chain, identity
+from moespec.models.lineage import IDENTITY, check_chain, identity
 from moespec.moe.traces import RoutingTrace
 from moespec.provenance import ProvenanceMismatch
 

@@ -220,12 +220,15 @@ class LlamaModel(GreedyByLogits):
 
     def identity(self) -> dict:
         """What its pass times depend on: the file (its resolved path and `provenance.file_fingerprint`,
-        which reads 4 MiB of it) and llama.cpp's threads."""
+        which reads 4 MiB of it: 3 ms, taken once per loaded model, the file it loaded) and llama.cpp's
+        threads."""
         from moespec.provenance import file_fingerprint
 
-        path = Path(self.path).resolve()
-        return {"backend": "llama.cpp", "gguf": str(path), "fingerprint": file_fingerprint(path),
-                "threads": self.threads}
+        if getattr(self, "_identity", None) is None:
+            path = Path(self.path).resolve()
+            self._identity = {"backend": "llama.cpp", "gguf": str(path), "fingerprint": file_fingerprint(path),
+                              "threads": self.threads}
+        return dict(self._identity)
 
     def close(self) -> None:
         """Free llama.cpp's batch, context and model (idempotent)."""

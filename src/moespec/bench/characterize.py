@@ -17,7 +17,7 @@ import torch
 
 from moespec import artifacts
 from moespec.bench import expert_op
-from moespec.bench.lineage import PER_POINT, check_chain, of_model
+from moespec.models.lineage import PER_POINT, check_chain, of_model
 from moespec.bench.timing import CacheFlusher, read_bandwidth
 from moespec.costmodel import bandwidth, fit
 from moespec.costmodel.predict import crossover as crossover_from_saving
@@ -184,7 +184,7 @@ def _check_settings(*, reps: int, verified_reps: int | None, windows: int, warmu
 
 def _check_lineage(label: str, target: dict, traces: Any, trace: RoutingTrace, verified: Any,
                    windows_of: RoutingTrace | None) -> None:
-    """The trace and the verified routing must be recordings of this model (`lineage.check_chain`)."""
+    """The trace and the verified routing must be recordings of this model (`models.lineage.check_chain`)."""
     named = {f"the model {label}": {"provenance": target}, _named("the trace", traces): trace}
     if windows_of is not None:
         named[_named("the verified routing", verified)] = windows_of

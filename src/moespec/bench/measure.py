@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from moespec import artifacts
 from moespec.bench import sweep, verify
-from moespec.bench.lineage import PER_POINT, check_chain, of_model
+from moespec.models.lineage import PER_POINT, check_chain, of_model
 from moespec.bench.measure_base import base_knobs, base_payload
 from moespec.bench.prompts import PROMPT_COUNT, STRIDE, continuation_length
 from moespec.bench.verify_times import ScalingCurve

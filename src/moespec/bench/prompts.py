@@ -86,3 +86,15 @@ def chat_ids(tokenizer, request: str) -> list[int]:
     if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return [int(i) for i in ids]
+
+
+def batch_prompt_ids(tokenizer, length: int, count: int) -> list[list[int]]:
+    """`count` prompts of `length` tokens for a batch: windows spread evenly over the built-in prompts
+    joined in a ring (any count >= 1; two windows overlap only when count * length exceeds the ring)."""
+    if length < 1 or count < 1:
+        raise ValueError(f"need length >= 1 token and count >= 1 prompt, got {length} and {count}")
+    ring = [t for text in prompt_texts(PROMPT_COUNT) for t in tokenizer.encode(text + PROMPT_SEPARATOR)]
+    if not ring:
+        raise ValueError(f"the tokenizer {tokenizer!r} gives no tokens for the built-in prompts")
+    step = max(len(ring) // count, 1)
+    return [[ring[(i * step + j) % len(ring)] for j in range(length)] for i in range(count)]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from moespec import artifacts
-from moespec.bench.lineage import check_chain, of_model
+from moespec.models.lineage import check_chain, of_model
 from moespec.bench.measure_base import base_knobs
 from moespec.chain.prediction import KIND as PREDICT_KIND
 from moespec.chain.prediction import SCORE_KIND, predict_all, score_all
@@ -406,7 +406,7 @@ def _move_aside(out: Path, echo: Callable[[str], None]) -> None:
 
 
 def _check_folder(config: DemoConfig, out: Path, model: Callable[[], Any]) -> None:
-    """Refuse a run folder holding artifacts of another model than `model()`, this run's (`bench.lineage`)."""
+    """Refuse a run folder holding artifacts of another model than `model()`, this run's (`models.lineage`)."""
     named: dict[str, Any] = {name: read_header(out / name) for name in (TRACES, VERIFIED) if (out / name).exists()}
     named.update({name: artifacts.load(out / name, kind)["payload"] for name, kind in KINDS.items()
                   if (out / name).exists()})

@@ -15,14 +15,14 @@ It never opens the measurement's oracle sweep. A layer that was not characterize
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from moespec import artifacts
-from moespec.bench.lineage import check_chain
+from moespec.models.lineage import check_chain
 from moespec.bench.prompts import verified_depth
 from moespec.bench.measure_base import HSource
 from moespec.chain.versions import CalibratedOn, Unavailable, VersionUnavailable, WindowSource
@@ -32,7 +32,7 @@ from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import (ACCEPTANCE_GRID, VERSIONS, NonPositiveTime, Prediction, predict,
                                        preferred_version, window_times)
 from moespec.costmodel.score import Score, score
-from moespec.kernel_names import DEDUP, SLOT, TO_ENGINE
+from moespec.kernel_names import COST_DEDUP, COST_KERNELS, COST_SLOT, DEDUP, SLOT, TO_ENGINE
 from moespec.moe.traces import RoutingTrace
 from moespec.provenance import trace_fingerprint
 
@@ -42,6 +42,39 @@ KIND = "predict"
 # the band (18). The payload says so ("bounds_vacuous").
 EPS_VACUOUS = 0.5
 SCORE_KIND = "score"
+
+
+@dataclass(frozen=True)
+class OperationTimes:
+    """The expert operation's time in seconds per cost-model kernel (`kernel_names.COST_SLOT`,
+    `COST_DEDUP`), pass size n and MoE layer: {kernel: {n: [L]}}; dedup from n = 2 (at n = 1 the
+    union is the slots). What (22) sums over the layers, from the fits or from measured times."""
+
+    by_kernel: Mapping[str, Mapping[int, list[float]]]
+
+    def __post_init__(self):
+        if set(self.by_kernel) != set(COST_KERNELS):
+            raise ValueError(f"operation times need the kernels {COST_KERNELS}, got {sorted(self.by_kernel)}")
+
+    def at(self, kernel: str) -> Mapping[int, list[float]]:
+        """{n: [L]} of one cost-model kernel."""
+        return self.by_kernel[kernel]
+
+
+@dataclass(frozen=True)
+class BaseInputs:
+    """What predict takes from the base measurement at one depth (`base_inputs`): the pass sizes,
+    τ_meas(1), h(0..kmax), and where the base measurement timed them, the operation on the verified
+    windows between its passes (`ops`, over `op_layers`) and each per-slot pass's time outside its
+    experts modules (`slot_outside`, {n: samples})."""
+
+    depth: int
+    ns: list[int]
+    tau1: float
+    h: list[float]
+    ops: OperationTimes | None = None
+    op_layers: list[int] | None = None
+    slot_outside: Mapping[int, np.ndarray] | None = None
 
 
 def payload_of(source: str | Path | Mapping[str, Any], kind: str) -> dict[str, Any]:
@@ -102,15 +135,15 @@ def windows_source(char: Mapping[str, Any], depth: int) -> WindowSource:
 
 
 def _measured_times(char: Mapping[str, Any], source: list[int], ns: list[int], depth: int,
-                    kind: WindowSource) -> dict[str, dict]:
-    """{"slot": {n: [L]}, "dedup": {n: [L]}}: each layer's mean time on the characterization's
-    `kind` windows (the characterized source layer's)."""
+                    kind: WindowSource) -> OperationTimes:
+    """Each layer's mean operation time on the characterization's `kind` windows (the characterized
+    source layer's)."""
     times: dict[tuple, list[float]] = {}
     for p in char.get("points", []):
         if p.get("source") == kind and (kind == WindowSource.RECORDED or verified_depth(p["placement"]) == depth):
             times.setdefault((int(p["layer"]), p["kernel"], int(p["n"])), []).append(float(p["timing"]["median"]))
-    out: dict[str, dict] = {"slot": {}, "dedup": {}}
-    for kernel, sizes in (("slot", ns), ("dedup", [n for n in ns if n >= 2])):
+    out: dict[str, dict] = {COST_SLOT: {}, COST_DEDUP: {}}
+    for kernel, sizes in ((COST_SLOT, ns), (COST_DEDUP, [n for n in ns if n >= 2])):
         for n in sizes:
             missing = [c for c in sorted(set(source)) if (c, kernel, n) not in times]
             if missing:
@@ -118,7 +151,7 @@ def _measured_times(char: Mapping[str, Any], source: list[int], ns: list[int], d
                     f"no {kernel} operation times on {kind} windows at n = {n} for layer(s) {missing}, and none "
                     "timed between the verify passes; run `moespec characterize` with windows >= 1"))
             out[kernel][n] = [float(np.mean(times[(c, kernel, n)])) for c in source]
-    return out
+    return OperationTimes(out)
 
 
 def repetition_half(times: VerifyTimes, half: str) -> VerifyTimes:
@@ -151,7 +184,7 @@ def _verify_at(measurement: Mapping[str, Any], depth: int | None) -> VerifyTimes
     return VerifyTimes.from_dict(verify[depth])
 
 
-def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -> dict[str, Any]:
+def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -> BaseInputs:
     """What predict takes from the base measurement at one depth: h(k) from its "h" section
     ({depth: {k: seconds}}), and from the fit half of its verify repetitions (`repetition_half`)
     the pass sizes, τ_meas(1), the operation times between passes and the passes' split."""
@@ -165,67 +198,69 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
     ks = sorted(int(k) for k in h)
     if ks != list(range(len(ks))):
         raise ValueError(f"h(k) at depth {times.depth} has k = {ks}; give every k = 0..kmax")
-    out = {"depth": times.depth, "ns": list(times.ns), "tau1": times.tau_meas_1,
-           "h": [float(_get(h, k)) for k in ks]}
+    ops = op_layers = outside = None
     if times.ops:  # the verified windows' operation, timed between the verify passes
-        out["ops"] = {p: {n: t.tolist() for n, t in times.op_times(TO_ENGINE[p]).items()} for p in ("slot", "dedup")}
-        out["op_layers"] = list(times.op_layers)
+        ops = OperationTimes({p: {n: t.tolist() for n, t in times.op_times(TO_ENGINE[p]).items()}
+                              for p in COST_KERNELS})
+        op_layers = list(times.op_layers)
     if times.inside and SLOT in times.inside:  # pass by pass: the time outside the operation (`_outside`)
-        out["slot_outside"] = {n: times.samples[SLOT][n] - times.inside[SLOT][n] for n in times.ns}
-    return out
+        outside = {n: times.samples[SLOT][n] - times.inside[SLOT][n] for n in times.ns}
+    return BaseInputs(depth=times.depth, ns=list(times.ns), tau1=times.tau_meas_1, h=[float(_get(h, k)) for k in ks],
+                      ops=ops, op_layers=op_layers, slot_outside=outside)
 
 
-def _outside(base: Mapping[str, Any], char: Mapping[str, Any], ns: list[int]) -> tuple[dict[int, float], str]:
+def _outside(base: BaseInputs, char: Mapping[str, Any], ns: list[int]) -> tuple[dict[int, float], str]:
     """(o(n), where it comes from): on torch, over the per-slot verify passes, each pass's time minus
     its time inside the experts modules, summarized as the verify times are
     (`bench.verify_times.pass_time`), "passes"; on llama.cpp, whose graph has no such split, the
     characterization's D(n), the file's dense products timed alone (`bench.ggml_dense_op`),
     "dense-ops": o(n) up to a constant, which g(n) = o(n) − o(1) drops."""
-    split = base.get("slot_outside", {})
+    split = base.slot_outside or {}
     if set(ns) <= set(split):
         return {n: pass_time(split[n]) for n in ns}, "passes"
     dense = (char.get("dense") or {}).get("median", {})
     if {str(n) for n in ns} <= set(dense):
         return {n: dense[str(n)] for n in ns}, "dense-ops"
     raise VersionUnavailable(Unavailable.NO_PASS_SPLIT, (
-        f"the base measurement's per-slot passes at depth {base['depth']} hold no time inside their experts "
+        f"the base measurement's per-slot passes at depth {base.depth} hold no time inside their experts "
         "modules, and the characterization has no dense products' times D(n) at every n; measure again with "
         "this moespec (`moespec measure`; on llama.cpp, `moespec characterize` the GGUF file)"))
 
 
-def _between_passes(base: Mapping[str, Any], source: list[int], ns: list[int]) -> dict[str, dict] | None:
-    """The measured times of `_measured_times`' shape from the base measurement's operation times on
-    the verified windows, timed between its passes, where it has them for every source layer and n."""
-    ops, layers = base.get("ops"), base.get("op_layers", [])
-    if not ops or not set(source) <= set(layers) or not set(ns) <= set(ops["slot"]):
+def _between_passes(base: BaseInputs, source: list[int], ns: list[int]) -> OperationTimes | None:
+    """The base measurement's operation times on the verified windows, timed between its passes, of
+    the source layers, where it has them for every source layer and n."""
+    ops, layers = base.ops, base.op_layers or []
+    if ops is None or not set(source) <= set(layers) or not set(ns) <= set(ops.at(COST_SLOT)):
         return None
     pick = [layers.index(c) for c in source]
-    return {p: {n: [ops[p][n][i] for i in pick] for n in (ns if p == "slot" else ns[1:])} for p in ("slot", "dedup")}
+    return OperationTimes({p: {n: [ops.at(p)[n][i] for i in pick] for n in (ns if p == COST_SLOT else ns[1:])}
+                           for p in COST_KERNELS})
 
 
-def _measured_inputs(char: Mapping[str, Any], trace: RoutingTrace, base: Mapping[str, Any],
-                     ns: list[int]) -> tuple[dict[str, dict], WindowSource]:
+def _measured_inputs(char: Mapping[str, Any], trace: RoutingTrace, base: BaseInputs,
+                     ns: list[int]) -> tuple[OperationTimes, WindowSource]:
     """The measured-time version's operation times, and where they come from: timed between the
     base measurement's passes where it did, else by the characterization."""
     source = nearest_layers(char["layers"], trace.num_layers)
     between = _between_passes(base, source, ns)
     if between:
         return between, WindowSource.BETWEEN_PASSES
-    kind = windows_source(char, base["depth"])
-    return _measured_times(char, source, ns, base["depth"], kind), kind
+    kind = windows_source(char, base.depth)
+    return _measured_times(char, source, ns, base.depth, kind), kind
 
 
-def _fit_times(char: Mapping[str, Any], trace: RoutingTrace, ns: list[int]) -> dict[str, dict]:
+def _fit_times(char: Mapping[str, Any], trace: RoutingTrace, ns: list[int]) -> OperationTimes:
     """The prediction's operation times: each layer's fit at every recorded window's bytes."""
     source = nearest_layers(char["layers"], trace.num_layers)
-    fits = {k: _fits(char, k, source) for k in ("slot", "dedup")}
+    fits = {k: _fits(char, k, source) for k in COST_KERNELS}
     w, m = list(trace.expert_bytes), trace.top_k
-    out: dict[str, dict] = {"slot": {}, "dedup": {}}
+    out: dict[str, dict] = {COST_SLOT: {}, COST_DEDUP: {}}
     for n in ns:
         U = window_unions(trace, n)
-        for kernel in ("slot", "dedup") if n >= 2 else ("slot",):
+        for kernel in COST_KERNELS if n >= 2 else (COST_SLOT,):
             out[kernel][n] = window_times(fits[kernel], U, n, m, w)
-    return out
+    return OperationTimes(out)
 
 
 def _predict(char: Mapping[str, Any], trace: RoutingTrace, measurement_base: Mapping[str, Any], version: str,
@@ -234,7 +269,7 @@ def _predict(char: Mapping[str, Any], trace: RoutingTrace, measurement_base: Map
     if version not in VERSIONS:
         raise ValueError(f"version={version!r}; choose one of {VERSIONS}")
     base = base_inputs(measurement_base, depth)
-    both = {int(n) for n in char["n"]} & set(base["ns"])
+    both = {int(n) for n in char["n"]} & set(base.ns)
     ns = []
     while len(ns) + 1 in both:
         ns.append(len(ns) + 1)
@@ -257,7 +292,7 @@ def _predict(char: Mapping[str, Any], trace: RoutingTrace, measurement_base: Map
         outside, made_of["calibrated_outside"] = _outside(base, char, ns)
         made_of["calibrated_on"] = on
     try:
-        p = predict(t_slot=ops["slot"], t_dedup=ops["dedup"], tau1=base["tau1"], h=base["h"][: ns[-1]],
+        p = predict(t_slot=ops.at(COST_SLOT), t_dedup=ops.at(COST_DEDUP), tau1=base.tau1, h=base.h[: ns[-1]],
                     eps=engine_eps(char), version=version, outside=outside, acceptance=acceptance)
     except NonPositiveTime as e:
         raise VersionUnavailable(Unavailable.NONPOSITIVE_TIME, str(e)) from e
@@ -290,7 +325,7 @@ def predict_from_artifacts(
 
 def _inputs(characterization, traces, measurement_base, sources: Mapping[str, str] | None):
     """(characterization, trace, base measurement, the identity they share): refused unless they
-    describe one model (`lineage.check_chain`); `sources` names them by file in the message."""
+    describe one model (`models.lineage.check_chain`); `sources` names them by file in the message."""
     char = payload_of(characterization, "characterize")
     trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
     base = payload_of(measurement_base, "measure")
@@ -394,7 +429,7 @@ def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str
     """Every available version at every depth scored: the "score" payload, unavailable entries as in predict's,
     and whether the machine was steady while it was measured (`bench.steadiness`: the sweep, the base
     measurement's verify passes (else the measurement's), the characterization's dense products, when given).
-    Refused unless the prediction and the measurement describe one model (`lineage.check_chain`)."""
+    Refused unless the prediction and the measurement describe one model (`models.lineage.check_chain`)."""
     from moespec.bench.steadiness import check
 
     meas = payload_of(measurement, "measure")

@@ -58,6 +58,20 @@ def _exit_if_empty(console: Console, payload: dict, done: str) -> None:
     raise typer.Exit(1)
 
 
+def _write_versions(make, table, done: str, kind: str, out: Path) -> None:
+    """make() the payload (its errors as the command's), print its table, exit 1 when no version was
+    `done`, else write the `kind` artifact to `out`."""
+    try:
+        payload = make()
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e
+    console = cli_console()
+    console.print(table(payload))
+    _exit_if_empty(console, payload, done)
+    artifacts.write(out, kind, payload)
+    console.print(f"wrote {out}")
+
+
 @app.command("predict")
 def predict_command(
     characterization: Path = typer.Option(..., "--characterization", exists=True, dir_okay=False,
@@ -74,15 +88,8 @@ def predict_command(
     from moespec.chain.prediction import KIND, predict_all
 
     sources = {"characterization": str(characterization), "traces": str(traces), "measurement_base": str(measurement)}
-    try:
-        payload = predict_all(characterization, traces, measurement, sources=sources)
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from e
-    console = cli_console()
-    console.print(_prediction_table(payload))
-    _exit_if_empty(console, payload, "predicted")
-    artifacts.write(out, KIND, payload)
-    console.print(f"wrote {out}")
+    _write_versions(lambda: predict_all(characterization, traces, measurement, sources=sources), _prediction_table,
+                    "predicted", KIND, out)
 
 
 @app.command("score")
@@ -99,15 +106,8 @@ def score_command(
 
     if kernel not in COST_KERNELS:
         raise typer.BadParameter(f"--kernel {kernel!r}; use one of {COST_KERNELS}")
-    try:
-        payload = score_all(artifacts.load(prediction, KIND), measurement, kernel=kernel)
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from e
-    console = cli_console()
-    console.print(_score_table(payload))
-    _exit_if_empty(console, payload, "scored")
-    artifacts.write(out, SCORE_KIND, payload)
-    console.print(f"wrote {out}")
+    _write_versions(lambda: score_all(artifacts.load(prediction, KIND), measurement, kernel=kernel), _score_table,
+                    "scored", SCORE_KIND, out)
 
 
 @app.command("report")

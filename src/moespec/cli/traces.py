@@ -208,7 +208,7 @@ def reuse_command(
         )
     cli_console().print(table)
     if out is not None:
-        from moespec.bench.lineage import identity
+        from moespec.models.lineage import identity
         from moespec.provenance import trace_fingerprint
 
         payload = {"trace": str(trace_path), "model": tr.model, "dtype": tr.dtype, "corpus": list(tr.corpus),

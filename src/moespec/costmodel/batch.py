@@ -25,7 +25,7 @@ Error bounds: (20) and (21) hold for any V̂ within δ of V, so they carry over 
 characterization at n <= 9 does not give. The union U^B is an estimate from a trace, not a
 bandwidth, so its sampling error is outside the bounds, as is the growth with k of attention's
 queries over the B caches, which τ_B(1) holds only at k = 0.
-Every function is exact on int and Fraction inputs.
+Every function but score_schedule (measured throughputs, floats) is exact on int and Fraction inputs.
 """
 
 from __future__ import annotations
@@ -92,3 +92,29 @@ def step_times(tau_1: float, expert_time, dense_growth, h: Sequence, unions: Seq
         n = pass_tokens(B, k)
         V.append(tau_1 + (expert_time(U, n) - base_experts) + (dense_growth(n) - base_dense) + h_k)
     return V
+
+
+def score_schedule(V_by_batch: Mapping[int, Sequence], measured: Mapping[int, Mapping], acceptances: Sequence) -> dict:
+    """The schedule k̂*(a, B) from V̂_B scored against a sweep at batch size B, with the rules of B = 1
+    (cost-model paper, Table 8): k̂* within one of the measured best, and the throughput lost by
+    running k̂* instead of it, 1 − T(k̂*)/T(k_meas), per (a, B) cell.
+
+    V_by_batch: {B: V̂_B(0..kmax)} (any unit). measured: {B: {a: [T(0..kmax)]}}, the sweep's total
+    throughput at each k (the acceptances given as keys, as in `acceptances`). Returns {"cells": [...],
+    "within_one": share of cells, "loss_max", "loss_median"}."""
+    cells = []
+    for B in sorted(measured):
+        V = check_step_times(V_by_batch[B])
+        for a in acceptances:
+            T = [float(t) for t in measured[B][a]]
+            if len(T) != len(V):
+                raise ValueError(f"batch {B}, a = {a}: {len(T)} measured throughputs for {len(V)} step times")
+            k_hat, k_meas = best_draft_length(V, check_acceptance(a)), max(range(len(T)), key=T.__getitem__)
+            cells.append({"B": int(B), "a": float(a), "k_hat": k_hat, "k_measured": k_meas,
+                          "within_one": abs(k_hat - k_meas) <= 1, "loss": 1 - T[k_hat] / T[k_meas]})
+    if not cells:
+        raise ValueError("no (a, B) cell to score: give a sweep at one batch size or more")
+    losses = sorted(c["loss"] for c in cells)
+    return {"cells": cells, "within_one": sum(c["within_one"] for c in cells) / len(cells),
+            "loss_max": losses[-1], "loss_median": losses[len(losses) // 2] if len(losses) % 2
+            else (losses[len(losses) // 2 - 1] + losses[len(losses) // 2]) / 2}

@@ -2,7 +2,7 @@
 
 One cached reader (`reader`) serves every caller. From it:
 
-- `identity`: the file's lineage identity (`bench.lineage` fields: the file's name, its fingerprint
+- `identity`: the file's lineage identity (`lineage` fields: the file's name, its fingerprint
   `provenance.file_fingerprint`, the expert weights' type, N, m, L);
 - `layout`: the MoE layout llama.cpp runs, for every MoE architecture it knows that names its
   expert tensors `blk.<l>.ffn_*_exps.*` (olmoe, qwen2moe, qwen3moe, llama/Mixtral, deepseek2,
@@ -199,7 +199,7 @@ def expert_bytes(path: str | Path) -> list[int]:
 
 
 def identity(path: str | Path) -> dict[str, Any]:
-    """The lineage identity of a GGUF file (`bench.lineage.IDENTITY` plus "experts"): its file name
+    """The lineage identity of a GGUF file (`lineage.IDENTITY` plus "experts"): its file name
     (the same file given by a relative or an absolute path is one model), fingerprint, the expert
     weights' type as dtype, and N, m, L."""
     return {"model": Path(path).name, "fingerprint": fingerprint(path),

@@ -4,7 +4,7 @@ the same summary as plain text (summary.txt).
 
 Reads a run folder as `moespec demo` leaves it (traces.parquet, characterization.json,
 prediction.json, measurement.json, score.json); a missing artifact drops the parts that need it, and
-artifacts of different models are refused (`bench.lineage.check_chain`).
+artifacts of different models are refused (`models.lineage.check_chain`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from moespec import artifacts
-from moespec.bench.lineage import check_chain
+from moespec.models.lineage import check_chain
 from moespec.moe.traces import read_header
 from moespec.report.answer import answer_blocks
 from moespec.report.html import Figure, Section, Table, render
