@@ -45,13 +45,14 @@ def _figure(score: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for B in sorted({c["B"] for c in score["cells"]}):
-        cells = [c for c in score["cells"] if c["B"] == B]
-        line, = ax.step([c["a"] for c in cells], [c["k_hat"] for c in cells], where="post", label=f"B = {B}: k̂*")
-        ax.plot([c["a"] for c in cells], [c["k_measured"] for c in cells], "o", color=line.get_color(), alpha=0.6)
+    sizes = sorted({c["B"] for c in score["cells"]})
+    for i, B in enumerate(sizes):  # each B a little higher, so equal staircases stay apart
+        cells, lift = [c for c in score["cells"] if c["B"] == B], 0.06 * (i - (len(sizes) - 1) / 2)
+        line, = ax.step([c["a"] for c in cells], [c["k_hat"] + lift for c in cells], where="post", label=f"B = {B}")
+        ax.plot([c["a"] for c in cells], [c["k_measured"] + lift for c in cells], "o", color=line.get_color(), alpha=0.6)
     ax.set_xlabel("acceptance a")
     ax.set_ylabel("draft length k")
-    ax.set_title("best draft length per batch size (lines: predicted, dots: measured)")
+    ax.set_title("k̂*(a, B): lines predicted, dots measured best")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
