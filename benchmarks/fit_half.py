@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from moespec.chain import prediction
+from moespec.chain import prediction, scoring
 
 READS = ("even", "odd", "all")
 
@@ -31,7 +31,7 @@ def rescore(run: Path, reads: str, version: str = "calibrated") -> dict:
     try:
         pred = prediction.predict_all(run / "characterization.json", run / "traces.parquet",
                                       run / "measurement-base.json")
-        scored = prediction.score_all({"kind": prediction.KIND, "payload": pred}, run / "measurement.json")
+        scored = scoring.score_all({"kind": prediction.KIND, "payload": pred}, run / "measurement.json")
     finally:
         prediction.repetition_half = split
     s = scored["depths"][0]["versions"][version]

@@ -12,7 +12,8 @@ import pytest
 
 from moespec.artifacts import json_safe
 from moespec.chain.prediction import (nearest_layers, predict_all, predict_from_artifacts, repetition_half,
-                                      score_all, score_from_artifacts, window_unions, windows_source)
+                                      window_unions, windows_source)
+from moespec.chain.scoring import score_all, score_from_artifacts
 from moespec.bench.measure_base import HSource
 from moespec.chain.versions import CalibratedOn, Unavailable, VersionUnavailable, WindowSource
 from moespec.bench.verify_times import VerifyTimes

@@ -64,6 +64,7 @@ class LlamaModel(GreedyByLogits):
         self.path = llama_lib.check_gguf(path)
         self.threads = threads or default_threads()
         self._L, self._model, self._ctx, self._batch = L, None, None, None
+        self._identity: dict | None = None  # `identity`, taken on first use
         params = L.llama_model_default_params()
         params.n_gpu_layers = 0
         params.use_extra_bufts = repack
@@ -224,7 +225,7 @@ class LlamaModel(GreedyByLogits):
         threads."""
         from moespec.provenance import file_fingerprint
 
-        if getattr(self, "_identity", None) is None:
+        if self._identity is None:
             path = Path(self.path).resolve()
             self._identity = {"backend": "llama.cpp", "gguf": str(path), "fingerprint": file_fingerprint(path),
                               "threads": self.threads}

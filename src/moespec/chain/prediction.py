@@ -1,4 +1,4 @@
-"""The chain's glue: the prediction (22) from artifacts, and its score against the measurement.
+"""The chain's glue: the prediction (22) from artifacts (its score: `chain.scoring`).
 
 Cost-model paper, Sec. 4–4.4 and App. E. `predict_from_artifacts` reads only
 
@@ -26,13 +26,11 @@ from moespec.models.lineage import check_chain
 from moespec.bench.prompts import verified_depth
 from moespec.bench.measure_base import HSource
 from moespec.chain.versions import CalibratedOn, Unavailable, VersionUnavailable, WindowSource
-from moespec.bench.sweep_cells import cell_throughput, resample_throughput
 from moespec.bench.verify_times import VerifyTimes, pass_time
 from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import (ACCEPTANCE_GRID, VERSIONS, NonPositiveTime, Prediction, predict,
                                        preferred_version, window_times)
-from moespec.costmodel.score import Score, score
-from moespec.kernel_names import COST_DEDUP, COST_KERNELS, COST_SLOT, DEDUP, SLOT, TO_ENGINE
+from moespec.kernel_names import COST_DEDUP, COST_KERNELS, COST_SLOT, SLOT, TO_ENGINE
 from moespec.moe.traces import RoutingTrace
 from moespec.provenance import trace_fingerprint
 
@@ -41,7 +39,6 @@ KIND = "predict"
 # k̂*, which do not depend on ε; the bounds (20)-(21) are then vacuous (δ >= 1), and at ε >= 1 so is
 # the band (18). The payload says so ("bounds_vacuous").
 EPS_VACUOUS = 0.5
-SCORE_KIND = "score"
 
 
 @dataclass(frozen=True)
@@ -367,88 +364,6 @@ def predict_all(characterization, traces, measurement_base, *, acceptance: Seque
             "characterized_layers": list(char["layers"]), "trace_layers": trace.num_layers,
             "eps": char["eps"], "eps_characterized": engine_eps(char),
             "bounds_vacuous": engine_eps(char) >= EPS_VACUOUS, "depths": depths}
-
-
-def _oracle_entry(measurement: Mapping[str, Any], kernel: str, depth: int) -> dict:
-    for e in measurement.get("oracle", []):
-        if e["kernel"] == kernel and int(e["depth"]) == depth:
-            return e
-    raise VersionUnavailable(Unavailable.NO_SWEEP, (
-        f"the measurement has no oracle sweep with {kernel} at depth {depth}; run the sweep phase "
-        "(`moespec measure` or `moespec demo`)"))
-
-
-def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement: str | Path | Mapping[str, Any], *,
-                         depth: int | None = None, kernel: str = "dedup", resamples: int = 1000) -> Score:
-    """Score one prediction version against the measurement's verify times and oracle sweep at `depth`.
-
-    The verify times, S(n) and its interval come from the held-out repetitions (`repetition_half`),
-    which the prediction did not read; the in-sample errors from the fit half, which it did.
-    kernel: the scored kernel ("dedup" or "slot"); its sweep gives the throughput T(k, a) on the
-    prediction's acceptance grid, at k = 0 plain decoding's pooled over every acceptance
-    (the entry's "plain" cell), and the measured step times V(k).
-    resamples: bootstrap resamples of the sweep's runs for the intervals of the scored figures
-    (`costmodel.score.sweep_intervals`); 0, or a sweep that keeps no per-run steps, scores without.
-    """
-    if not isinstance(prediction, Prediction):
-        prediction = Prediction.from_dict(prediction)
-    meas = payload_of(measurement, "measure")
-    times = _verify_at(meas, depth)
-    held, fit = repetition_half(times, "holdout"), repetition_half(times, "fit")
-    entry = _oracle_entry(meas, TO_ENGINE[kernel], times.depth)
-    ks = list(range(prediction.kmax + 1))
-    cells = {(int(c["k"]), None if c["a"] is None else round(float(c["a"]), 6)): c for c in entry["cells"]}
-    grid = []
-    for a in prediction.acceptance:
-        row = []
-        for k in ks:
-            c = entry["plain"] if k == 0 else cells.get((k, round(float(a), 6)))  # k = 0: plain decoding, pooled
-            if c is None:
-                raise VersionUnavailable(Unavailable.NO_SWEEP, (
-                    f"the oracle sweep lacks k={k}, a={a}; sweep k = 0..{ks[-1]} at every a of the grid"))
-            row.append(c)
-        grid.append(row)
-    T = [[cell_throughput(c) for c in row] for row in grid]
-    flat = [c for row in grid for c in row]
-    T_b = None
-    if resamples and all(c.get("run_steps") for c in flat):
-        T_b = resample_throughput(flat, resamples).reshape(resamples, len(grid), len(ks))
-    savings = held.savings()
-    one = SLOT not in held.samples  # an engine with one kernel (llama.cpp): no measured saving
-    return score(
-        prediction, tau_slot=None if one else held.tau(SLOT), tau_dedup=held.tau(DEDUP),
-        tau_slot_in_sample=None if one else fit.tau(SLOT), tau_dedup_in_sample=fit.tau(DEDUP),
-        S_lo=None if one else {s.n: s.lo for s in savings}, S_hi=None if one else {s.n: s.hi for s in savings},
-        S=None if one else {s.n: s.point for s in savings}, throughput=T,
-        V=[float(_get(entry["V"], k)) for k in ks], kernel=kernel, throughput_resamples=T_b,
-    )
-
-
-def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str = "dedup", characterization=None,
-              measurement_base=None) -> dict[str, Any]:
-    """Every available version at every depth scored: the "score" payload, unavailable entries as in predict's,
-    and whether the machine was steady while it was measured (`bench.steadiness`: the sweep, the base
-    measurement's verify passes (else the measurement's), the characterization's dense products, when given).
-    Refused unless the prediction and the measurement describe one model (`models.lineage.check_chain`)."""
-    from moespec.bench.steadiness import check
-
-    meas = payload_of(measurement, "measure")
-    pred = payload_of(prediction_payload, KIND)
-    shared = check_chain({"prediction": pred, "measurement": meas})
-    out = []
-    for entry in pred["depths"]:
-        scored: dict[str, Any] = {"depth": entry["depth"], "versions": {}, "unavailable": dict(entry["unavailable"])}
-        for version, p in entry["versions"].items():
-            try:
-                scored["versions"][version] = score_from_artifacts(p, meas, depth=entry["depth"],
-                                                                   kernel=kernel).to_dict()
-            except VersionUnavailable as e:
-                scored["unavailable"][version] = e.to_dict()
-        out.append(scored)
-    steadiness = check(meas, None if characterization is None else payload_of(characterization, "characterize"),
-                       None if measurement_base is None else payload_of(measurement_base, "measure"))
-    return {"model": pred.get("model"), "provenance": shared, "kernel": kernel, "depths": out,
-            "steadiness": steadiness.to_dict()}
 
 
 def seed_step_times(path: str | Path, *, max_k: int, kernel: str = "auto", version: str = "calibrated",

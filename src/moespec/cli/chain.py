@@ -102,7 +102,8 @@ def score_command(
 ) -> None:
     """Score the prediction against the measurement: Tables 3, 4, 7 and the rules of Table 8; exits 1,
     writing nothing, when no version can be scored."""
-    from moespec.chain.prediction import KIND, SCORE_KIND, score_all
+    from moespec.chain.prediction import KIND
+    from moespec.chain.scoring import SCORE_KIND, score_all
 
     if kernel not in COST_KERNELS:
         raise typer.BadParameter(f"--kernel {kernel!r}; use one of {COST_KERNELS}")

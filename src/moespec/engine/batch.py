@@ -34,7 +34,7 @@ from moespec.device import peak_rss_bytes
 from moespec.engine.decode import _as_prompt, _eos_ids
 from moespec.engine.policy import Policy, make_policy
 from moespec.engine.proposers import Proposal, Proposer
-from moespec.engine.round import Round, greedy_walk
+from moespec.engine.round import Round, greedy_walk, until_eos
 from moespec.engine.sampling import Sampler, SamplingConfig
 from moespec.engine.stats import BatchStats, GenerationResult, RoundLog
 
@@ -62,6 +62,14 @@ class BatchModel(Protocol):
     def extend_parts(self, parts: Sequence[Part]) -> list[torch.Tensor]: ...
 
     def argmax_parts(self, parts: Sequence[Part], limit: int) -> list[list[int]]: ...
+
+
+def _prefill(model: BatchModel, slot: int, prompt: torch.Tensor) -> None:
+    """Every token of `prompt` but its last into `slot`'s cache, in passes of the model's batch (the
+    invariant of `engine.round`: each round verifies from the last committed token on)."""
+    ids = prompt[:-1].tolist()
+    for a in range(0, len(ids), model.batch):
+        model.extend_parts([(slot, ids[a: a + model.batch])])
 
 
 class SlotView(GreedyByLogits):
@@ -105,12 +113,9 @@ class BatchDraft:
     def begin(self, prompts: Sequence[torch.Tensor], views: Sequence[SlotView], max_new_tokens: int,
               samplers: Sequence[Sampler]) -> None:
         """Each prompt but its last token into the draft's slot of its sequence, as the target's prefill."""
-        m = self.model
-        m.reset()
+        self.model.reset()
         for prompt, view in zip(prompts, views):
-            ids = prompt[:-1].tolist()
-            for a in range(0, len(ids), m.batch):
-                m.extend_parts([(view.slot, ids[a: a + m.batch])])
+            _prefill(self.model, view.slot, prompt)
 
     def propose(self, live: Sequence[tuple[int, int, torch.Tensor]], k: int,
                 samplers: Sequence[Sampler]) -> dict[int, Proposal]:
@@ -279,10 +284,8 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], *, draft=None, k: i
     model.reset()
     seqs = [_sequence(i, _as_prompt(p), model, config, limit, seed, max_new_tokens, policies.max_draft)
             for i, p in enumerate(prompts)]
-    for s in seqs:  # every prompt but its last token, in passes of the model's batch
-        ids = s.seq[: s.length - 1].tolist()
-        for a in range(0, len(ids), model.batch):
-            model.extend_parts([(s.slot, ids[a: a + model.batch])])
+    for s in seqs:
+        _prefill(model, s.slot, s.seq[: s.length])
     if proposer is not None:
         proposer.begin([s.seq[: s.length] for s in seqs], [s.view for s in seqs], max_new_tokens,
                        [s.sampler for s in seqs])
@@ -367,8 +370,6 @@ def _batch_round(model: BatchModel, proposer, live: list[_Sequence], k: int, cho
 def _commit(model: BatchModel, proposer, s: _Sequence, proposal: Proposal, accepted: int, token: int, chosen: int,
             eos: set[int], times: tuple, clock) -> Round:
     """Write sequence s's accepted drafts and next token, stop at an EOS, roll both caches back."""
-    from moespec.engine.round import until_eos
-
     drafts, L = proposal.tokens, s.length
     s.seq[L: L + accepted] = drafts[:accepted]
     s.seq[L + accepted] = token
