@@ -99,3 +99,27 @@ def test_bad_batches_are_refused(gguf_files):
         generate_batch(target, prompts(3))
     with pytest.raises(TypeError, match="a list of 2 proposers"):
         generate_batch(target, prompts(2), draft=OracleDraft(0.5), k=2)
+
+
+def test_compiled_plain_rounds_commit_what_the_round_by_round_path_commits(gguf_files, monkeypatch):
+    """Plain greedy rounds of the whole batch run in compiled code (`LlamaBatch.batch_greedy_steps`, no
+    exact passes): the same passes as the Python rounds, so the same tokens, rounds and stops, with an
+    EOS that ends one sequence in the middle of a compiled run (taken from that sequence's own text)."""
+    ps, n = prompts(3), 20
+    target = LlamaBatch(gguf_files["olmoe-q8_0"], sequences=3, threads=1, n_ctx=512)
+    assert target.compiled_steps
+    compiled = generate_batch(target, ps, k=0, max_new_tokens=n, vocab_limit=259)
+    eos = compiled[1].tokens[6]  # sequence 1 stops at its 7th token (or earlier, where the id came before)
+    compiled_eos = generate_batch(target, ps, k=0, max_new_tokens=n, vocab_limit=259, eos_token_id=eos)
+    monkeypatch.setattr(LlamaBatch, "compiled_steps", property(lambda self: False))
+    by_round = generate_batch(target, ps, k=0, max_new_tokens=n, vocab_limit=259)
+    by_round_eos = generate_batch(target, ps, k=0, max_new_tokens=n, vocab_limit=259, eos_token_id=eos)
+    assert [r.tokens for r in compiled] == [r.tokens for r in by_round]
+    assert [r.tokens for r in compiled_eos] == [r.tokens for r in by_round_eos]
+    stop = compiled[1].tokens.index(eos) + 1
+    assert len(compiled_eos[1].tokens) == stop < n and compiled_eos[1].stats.stop_reason == "eos"
+    for a, b in ((compiled, by_round), (compiled_eos, by_round_eos)):
+        assert a[0].batch.live_per_round == b[0].batch.live_per_round
+        assert [r.stats.new_tokens for r in a] == [r.stats.new_tokens for r in b]
+    # the compiled rounds' time is their passes' (h = 0 inside a compiled run)
+    assert compiled[0].batch.pass_s == compiled[0].batch.round_s

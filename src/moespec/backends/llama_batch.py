@@ -11,7 +11,7 @@ at the lowest ids as others finish (llama_memory_seq_cp copies a stream's cache 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +125,41 @@ class LlamaBatch(LlamaModel):
                                 else "-inf at every allowed id")
             out.append(got.tolist())
         return out
+
+    @property
+    def compiled_steps(self) -> bool:
+        """Whether `batch_greedy_steps` runs (not under exact passes, whose one-token pass at B = 1 is two)."""
+        return not self.exact and llama_steps.available()
+
+    def batch_greedy_steps(self, parts: Sequence[tuple[int, int]], steps: int, limit: int,
+                           eos: Collection[int] = ()) -> tuple[np.ndarray, list[float]]:
+        """Up to `steps` plain greedy steps of every sequence at once, in compiled code (`llama_steps`):
+        each step one llama_decode of one token per part (seq, the token it feeds first), then each
+        row's argmax fed at the next step. Returns (the tokens produced [s, len(parts)], each step's
+        seconds); a step where some sequence produced an id of `eos` is the last. The last tokens
+        produced are not fed (as `greedy_steps`)."""
+        seqs = np.array([q for q, _ in parts], dtype=np.int32)
+        start = np.array([len(self.held[q]) for q in seqs], dtype=np.int32)
+        if not 1 <= len(parts) <= self.batch or int(start.max()) + steps > self.capacity:
+            raise ValueError(f"{self.path.name}: {len(parts)} sequences x {steps} steps from positions {start.tolist()} "
+                             f"do not fit a pass of {self.batch} and a context of {self.capacity}")
+        first = np.array([t for _, t in parts], dtype=np.int32)
+        produced, seconds, status, bad = llama_steps.batch_greedy_steps(
+            self._ctx, self._batch, seqs, first, start, steps, limit, np.fromiter(eos, dtype=np.int32, count=len(eos)))
+        llama_lib.count_pass()
+        fed = len(produced) + (bad is not None)  # steps whose tokens the caches now hold
+        for j, q in enumerate(seqs):
+            self.held[q].extend([int(first[j]), *produced[: fed - 1, j].tolist()] if fed else [])
+        if status:
+            for j, q in enumerate(seqs):
+                self.truncate_seq(int(q), int(start[j]))
+            raise ValueError(f"llama_decode failed on a batched greedy step (code {status}): {llama_lib.last_log()}")
+        if bad is not None:
+            row = self._logits()[bad[1], :limit]
+            raise NoMaximum(bad[0], "NaN" if np.isnan(row).any() else "+inf" if np.isposinf(row).any()
+                            else "-inf at every allowed id")
+        self.forward_s += float(seconds.sum())
+        return produced, seconds.tolist()
 
     def __repr__(self) -> str:
         return (f"LlamaBatch({self.path.name}, {self.architecture}, sequences={self.sequences}, threads={self.threads}, "

@@ -72,6 +72,10 @@ def library():
                                          ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _I32P, ctypes.c_int32, _I32P,
                                          _F64P, _I32P]
     lib.moespec_greedy_steps.restype = ctypes.c_int32
+    lib.moespec_batch_greedy_steps.argtypes = [ctypes.c_void_p, L.llama_batch, ctypes.c_int32, _I32P, _I32P, _I32P,
+                                               ctypes.c_int32, ctypes.c_int32, _I32P, ctypes.c_int32, _I32P, _F64P,
+                                               _I32P]
+    lib.moespec_batch_greedy_steps.restype = ctypes.c_int32
     return lib
 
 
@@ -104,6 +108,29 @@ def greedy_steps(ctx, batch, seq: int, token: int, pos: int, steps: int, limit: 
     if done <= -BAD_ROW:
         bad = -done - BAD_ROW
         return out[:bad], seconds[:bad], 0, bad
+    if done < 0:
+        return out[: -done - 1], seconds[: -done - 1], int(status.value), None
+    return out[:done], seconds[:done], 0, None
+
+
+def batch_greedy_steps(ctx, batch, seqs: np.ndarray, tokens: np.ndarray, pos: np.ndarray, steps: int, limit: int,
+                       eos: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, tuple[int, int] | None]:
+    """Up to `steps` greedy steps of every sequence seqs [B] int32 at once, each from its token fed at its
+    pos: (tokens produced [s, B] int32, seconds of each step [s], llama_decode's status (0: none failed),
+    (step, sequence index) whose row had no finite maximum, or None). A step where some sequence
+    produced an id of eos ([e] int32) is the last."""
+    B = len(seqs)
+    out = np.empty((steps, B), dtype=np.int32)
+    seconds = np.empty(steps, dtype=np.float64)
+    status = ctypes.c_int32(0)
+    fed = np.ascontiguousarray(tokens, dtype=np.int32)
+    done = library().moespec_batch_greedy_steps(
+        ctx, batch, B, seqs.ctypes.data_as(_I32P), fed.ctypes.data_as(_I32P), pos.ctypes.data_as(_I32P), steps, limit,
+        eos.ctypes.data_as(_I32P), len(eos), out.ctypes.data_as(_I32P), seconds.ctypes.data_as(_F64P),
+        ctypes.byref(status))
+    if done <= -BAD_ROW:
+        step, j = divmod(-done - BAD_ROW, B)
+        return out[:step], seconds[:step], 0, (step, j)
     if done < 0:
         return out[: -done - 1], seconds[: -done - 1], int(status.value), None
     return out[:done], seconds[:done], 0, None

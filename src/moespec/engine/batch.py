@@ -25,153 +25,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from itertools import accumulate
 
+import numpy as np
 import torch
 
-from moespec.backends.protocol import GreedyByLogits, output_rows
+from moespec.backends.protocol import NoMaximum
 from moespec.device import peak_rss_bytes
-from moespec.engine.decode import _as_prompt, _eos_ids
+from moespec.engine.decode import PLAIN_RUN_MIN, _as_prompt, _eos_ids
+from moespec.engine.batch_proposers import BatchDraft, BatchModel, SlotView, batch_proposer, prefill_slot
 from moespec.engine.policy import Policy, make_policy
-from moespec.engine.proposers import Proposal, Proposer
+from moespec.engine.proposers import Proposal
 from moespec.engine.round import Round, greedy_walk, until_eos
 from moespec.engine.sampling import Sampler, SamplingConfig
 from moespec.engine.stats import BatchStats, GenerationResult, RoundLog
-
-Part = tuple[int, Sequence[int]]
-
-
-@runtime_checkable
-class BatchModel(Protocol):
-    """A model holding several sequences' caches, fed together (`backends.llama_batch.LlamaBatch`)."""
-
-    sequences: int
-    batch: int  # the most tokens one pass holds
-    n_vocab: int
-    vocab_limit: int | None
-    forward_s: float
-
-    def reset(self) -> None: ...
-
-    def seq_length(self, seq: int) -> int: ...
-
-    def truncate_seq(self, seq: int, n: int) -> None: ...
-
-    def move(self, src: int, dst: int) -> None: ...
-
-    def extend_parts(self, parts: Sequence[Part]) -> list[torch.Tensor]: ...
-
-    def argmax_parts(self, parts: Sequence[Part], limit: int) -> list[list[int]]: ...
-
-
-def _prefill(model: BatchModel, slot: int, prompt: torch.Tensor) -> None:
-    """Every token of `prompt` but its last into `slot`'s cache, in passes of the model's batch (the
-    invariant of `engine.round`: each round verifies from the last committed token on)."""
-    ids = prompt[:-1].tolist()
-    for a in range(0, len(ids), model.batch):
-        model.extend_parts([(slot, ids[a: a + model.batch])])
-
-
-class SlotView(GreedyByLogits):
-    """One slot of a BatchModel as a single-sequence SpecModel (the oracle re-decodes its reference
-    on it); `slot` follows the sequence when it moves."""
-
-    def __init__(self, model: BatchModel, slot: int):
-        self.model, self.slot = model, slot
-        self.forward_s = 0.0
-        self.vocab_limit = model.vocab_limit
-
-    @property
-    def length(self) -> int:
-        return self.model.seq_length(self.slot)
-
-    @property
-    def width(self) -> int:
-        return self.model.n_vocab
-
-    def reset(self) -> None:
-        self.model.truncate_seq(self.slot, 0)
-
-    def truncate(self, n: int) -> None:
-        self.model.truncate_seq(self.slot, n)
-
-    def extend(self, tokens: torch.Tensor, outputs: int | None = None) -> torch.Tensor:
-        ids = torch.as_tensor(tokens).reshape(-1).tolist()
-        return self.model.extend_parts([(self.slot, ids)])[0][-output_rows(len(ids), outputs):]
-
-    def identity(self) -> None:
-        return None
-
-
-class BatchDraft:
-    """A draft model holding the batch's sequences (a BatchModel, slots as the target's): each draft
-    step is one pass over every live sequence."""
-
-    def __init__(self, model: BatchModel):
-        self.model = model
-
-    def begin(self, prompts: Sequence[torch.Tensor], views: Sequence[SlotView], max_new_tokens: int,
-              samplers: Sequence[Sampler]) -> None:
-        """Each prompt but its last token into the draft's slot of its sequence, as the target's prefill."""
-        self.model.reset()
-        for prompt, view in zip(prompts, views):
-            _prefill(self.model, view.slot, prompt)
-
-    def propose(self, live: Sequence[tuple[int, int, torch.Tensor]], k: int,
-                samplers: Sequence[Sampler]) -> dict[int, Proposal]:
-        """{i: up to k drafts} for live [(i, slot, committed tokens)]: k passes of one token per sequence
-        (the first feeds what each slot's cache lacks), greedy or sampled by each sequence's sampler."""
-        m, slots = self.model, {slot: i for i, slot, _ in live}
-        feed = {slot: ctx[m.seq_length(slot):].tolist() for _, slot, ctx in live}
-        drafts = {slot: [] for slot in feed}
-        qs = {slot: [] for slot in feed}
-        greedy = all(samplers[i].greedy for i in slots.values())
-        limit = min(samplers[i].vocab_limit for i in slots.values())
-        for _ in range(k):
-            parts = list(feed.items())
-            if greedy:
-                nxt = {slot: rows[-1] for (slot, _), rows in zip(parts, m.argmax_parts(parts, limit))}
-            else:
-                nxt = {}
-                for (slot, _), logits in zip(parts, m.extend_parts(parts)):
-                    s = samplers[slots[slot]]
-                    q = s.prepare(logits[-1:])
-                    nxt[slot] = int(s.sample(q)[0])
-                    qs[slot].append(q)
-            for slot, x in nxt.items():
-                drafts[slot].append(x)
-            feed = {slot: [x] for slot, x in nxt.items()}
-        return {slots[slot]: Proposal(torch.tensor(d, dtype=torch.long), None if greedy or not d else torch.cat(qs[slot]))
-                for slot, d in drafts.items()}
-
-    def commit(self, i: int, slot: int, keep: int) -> None:
-        self.model.truncate_seq(slot, keep)
-
-    def move(self, src: int, dst: int) -> None:
-        self.model.move(src, dst)
-
-
-class PerSequence:
-    """One `Proposer` per sequence (prompt lookup, the oracle given its reference), each proposing for
-    its own sequence on its own slot's view of the target."""
-
-    def __init__(self, proposers: Sequence[Proposer]):
-        self.proposers = list(proposers)
-
-    def begin(self, prompts: Sequence[torch.Tensor], views: Sequence[SlotView], max_new_tokens: int,
-              samplers: Sequence[Sampler]) -> None:
-        for p, prompt, view, sampler in zip(self.proposers, prompts, views, samplers):
-            p.begin(target=view, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler)
-
-    def propose(self, live: Sequence[tuple[int, int, torch.Tensor]], k: int,
-                samplers: Sequence[Sampler]) -> dict[int, Proposal]:
-        return {i: self.proposers[i].propose(ctx, k) if k else Proposal(ctx[:0]) for i, _, ctx in live}
-
-    def commit(self, i: int, slot: int, keep: int) -> None:
-        self.proposers[i].commit(keep)
-
-    def move(self, src: int, dst: int) -> None:
-        """Its proposers keep no cache of their own."""
 
 
 @dataclass
@@ -223,25 +90,6 @@ class _Policies:
         return {"policy": "auto per batch size", "by_size": {str(B): p.state() for B, p in sorted(self.by_size.items())}}
 
 
-def _batch_proposer(draft, B: int):
-    """The batch's proposer: None, a BatchDraft for a model holding >= B sequences, PerSequence for a
-    list of B proposers or one prompt lookup shared by all (it keeps no state)."""
-    from moespec.engine.proposers import PromptLookup
-
-    if draft is None:
-        return None
-    if isinstance(draft, BatchModel):
-        if draft.sequences < B:
-            raise ValueError(f"the draft model holds {draft.sequences} sequences, the batch {B}; load it with "
-                             f"sequences={B}")
-        return BatchDraft(draft)
-    if isinstance(draft, PromptLookup):
-        return PerSequence([draft] * B)
-    if isinstance(draft, Sequence) and len(draft) == B and all(isinstance(p, Proposer) for p in draft):
-        return PerSequence(draft)
-    raise TypeError(f"draft must be None, a model loaded with sequences >= {B}, a PromptLookup, or a list of {B} "
-                    f"proposers (one per prompt, e.g. OracleDraft with its reference); got {type(draft).__name__}")
-
 
 def _check_target(target, B: int) -> BatchModel:
     if not isinstance(target, BatchModel):
@@ -276,7 +124,7 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], *, draft=None, k: i
     B = len(prompts)
     model = _check_target(target, B)
     policies = _Policies(k, max_k, step_times)
-    proposer = _batch_proposer(draft, B) if policies.max_draft > 0 and k != 0 else None
+    proposer = batch_proposer(draft, B) if policies.max_draft > 0 and k != 0 else None
     config = SamplingConfig(temperature=float(temperature), top_k=top_k, top_p=top_p)
     limit = vocab_limit or model.vocab_limit or model.n_vocab
     if proposer is not None and isinstance(proposer, BatchDraft):
@@ -285,7 +133,7 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], *, draft=None, k: i
     seqs = [_sequence(i, _as_prompt(p), model, config, limit, seed, max_new_tokens, policies.max_draft)
             for i, p in enumerate(prompts)]
     for s in seqs:
-        _prefill(model, s.slot, s.seq[: s.length])
+        prefill_slot(model, s.slot, s.seq[: s.length])
     if proposer is not None:
         proposer.begin([s.seq[: s.length] for s in seqs], [s.view for s in seqs], max_new_tokens,
                        [s.sampler for s in seqs])
@@ -309,9 +157,18 @@ def _decode_batch(model: BatchModel, proposer, policies: _Policies, seqs: list[_
     for s in seqs:
         s.log.start = start
     live = list(seqs)
-    ks, lives, round_s = [], [], []
+    ks, lives, round_s, pass_s = [], [], [], []
     while live:
         policy = policies.at(len(live))
+        plain = _plain_run(model, policy, live, max_new_tokens)
+        if plain:
+            for step_s in _plain_rounds(model, policy, live, plain, eos, limit, max_new_tokens, clock):
+                ks.append(0)
+                lives.append(len(live))
+                round_s.append(step_s)
+                pass_s.append(step_s)
+            live = _compact(model, proposer, live)
+            continue
         chosen = policy.choose()
         k = min(chosen, *(max_new_tokens - s.new_tokens - 1 for s in live))  # never past a sequence's budget
         t0 = clock()
@@ -320,6 +177,7 @@ def _decode_batch(model: BatchModel, proposer, policies: _Policies, seqs: list[_
         ks.append(chosen)
         lives.append(len(live))
         round_s.append(now - t0)
+        pass_s.append(rounds[0].verify_s)
         for n, (s, r) in enumerate(zip(live, rounds)):
             s.log.add(r, now)
             policy.update(drafted=r.drafted, accepted=r.accepted, tested=r.tested, seconds=r.seconds if n == 0 else None)
@@ -329,12 +187,51 @@ def _decode_batch(model: BatchModel, proposer, policies: _Policies, seqs: list[_
     total_s = clock() - start
     batch = BatchStats(sequences=len(seqs), new_tokens=sum(s.new_tokens for s in seqs), total_s=total_s,
                        k_per_round=tuple(ks), live_per_round=tuple(lives), round_s=tuple(round_s),
-                       policy=policies.state())
+                       policy=policies.state(), pass_s=tuple(pass_s))
     rss = peak_rss_bytes()
     return [GenerationResult(tokens=s.seq[s.prompt_tokens: s.length].tolist(), batch=batch, stats=s.log.stats(
         prompt_tokens=s.prompt_tokens, stop_reason=s.stop or "max_new_tokens", total_s=total_s,
         target_forward_s=model.forward_s, draft_forward_s=0.0, peak_rss_bytes=rss, policy=batch.policy))
         for s in seqs]
+
+
+def _plain_run(model: BatchModel, policy: Policy, live: list[_Sequence], max_new_tokens: int) -> int:
+    """How many plain rounds to run in one compiled call (`LlamaBatch.batch_greedy_steps`): the policy's
+    plain run cut to every live sequence's budget, when all are greedy and the model runs them that
+    way (`compiled_steps`); 0 for a normal round."""
+    if not getattr(model, "compiled_steps", False):
+        return 0
+    if not all(s.sampler.greedy for s in live):
+        return 0
+    run = min(policy.plain_run(), *(max_new_tokens - s.new_tokens for s in live))
+    return run if run >= PLAIN_RUN_MIN else 0
+
+
+def _plain_rounds(model: BatchModel, policy: Policy, live: list[_Sequence], run: int, eos: set[int], limit: int,
+                  max_new_tokens: int, clock: Callable[[], float]) -> list[float]:
+    """Up to `run` plain greedy rounds of every live sequence in one compiled call; each sequence commits
+    its token of each round (a proposer sees none of them, as `engine.round.plain_rounds`). Returns
+    each round's seconds."""
+    start = clock()
+    try:
+        produced, seconds = model.batch_greedy_steps([(s.slot, int(s.seq[s.length - 1])) for s in live], run, limit,
+                                                     eos)
+    except NoMaximum as e:
+        raise ValueError(f"plain round {e.row} of a batch: {e.what} in a row of the target's logits") from None
+    ends = list(accumulate(seconds, initial=start))[1:]
+    for n, s in enumerate(live):
+        got = produced[:, n]
+        s.seq[s.length: s.length + len(got)] = torch.from_numpy(got.astype(np.int64))
+        for token, step_s, end in zip(got.tolist(), seconds, ends):
+            s.length += 1
+            r = Round(chosen=0, drafted=0, tested=0, accepted=0, new_tokens=1, eos=token in eos, timed=True,
+                      draft_s=0.0, verify_s=step_s, sampling_s=0.0, seconds=step_s)
+            s.log.add(r, end)
+            policy.update(drafted=0, accepted=0, tested=0, seconds=step_s if n == 0 else None)
+            if r.eos or s.new_tokens >= max_new_tokens:
+                s.stop = "eos" if r.eos else "max_new_tokens"
+                break
+    return seconds
 
 
 def _batch_round(model: BatchModel, proposer, live: list[_Sequence], k: int, chosen: int, eos: set[int], limit: int,

@@ -138,7 +138,8 @@ class BatchStats:
     """The figures of a batched call (`engine.batch.generate_batch`) over all its sequences.
 
     live_per_round: the sequences each round's pass verified, [rounds]; k_per_round: the round's draft
-    length, one for the batch; round_s: each round's wall time; new_tokens: every sequence's."""
+    length, one for the batch; round_s: each round's wall time, pass_s the time of its target pass
+    within it (round_s - pass_s: the step's time outside the pass, h); new_tokens: every sequence's."""
 
     sequences: int
     new_tokens: int
@@ -147,6 +148,7 @@ class BatchStats:
     live_per_round: tuple[int, ...]
     round_s: tuple[float, ...]
     policy: dict = field(default_factory=dict)
+    pass_s: tuple[float, ...] = ()
 
     @property
     def rounds(self) -> int:

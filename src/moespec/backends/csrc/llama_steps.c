@@ -91,3 +91,42 @@ int32_t moespec_greedy_steps(struct llama_context *ctx, llama_batch batch, int32
     }
     return steps;
 }
+
+// Greedy decode steps on n_seq sequences at once (a batch of room >= n_seq): step i feeds tokens[j] at
+// position pos[j] + i of sequence seqs[j] for every j in one llama_decode, then takes the argmax of
+// each sequence's row as its next token. out[i * n_seq + j]: the token step i produced for j;
+// seconds[i]: step i's time. Stops after a step where some sequence produced a token listed in
+// eos[0..n_eos). Returns the steps done (the last produced tokens are not fed), or -(1 + i) when
+// llama_decode failed at step i (code in *status), or -(STEPS_BAD_ROW + i * n_seq + j) when step i's
+// row of sequence j had no finite maximum (or none).
+int32_t moespec_batch_greedy_steps(struct llama_context *ctx, llama_batch batch, int32_t n_seq, const int32_t *seqs,
+                                   int32_t *tokens, const int32_t *pos, int32_t steps, int32_t limit,
+                                   const int32_t *eos, int32_t n_eos, int32_t *out, double *seconds,
+                                   int32_t *status) {
+    for (int32_t i = 0; i < steps; i++) {
+        double t0 = now();
+        batch.n_tokens = n_seq;
+        for (int32_t j = 0; j < n_seq; j++) {
+            batch.token[j] = tokens[j];
+            batch.pos[j] = pos[j] + i;
+            batch.n_seq_id[j] = 1;
+            batch.seq_id[j][0] = seqs[j];
+            batch.logits[j] = 1;
+        }
+        *status = llama_decode(ctx, batch);
+        if (*status != 0) return -(1 + i);
+        int stop = 0;
+        for (int32_t j = 0; j < n_seq; j++) {
+            const float *row = llama_get_logits_ith(ctx, j);
+            int32_t token = row == NULL ? -1 : row_argmax(row, limit);
+            if (token < 0) return -(STEPS_BAD_ROW + i * n_seq + j);
+            out[i * n_seq + j] = tokens[j] = token;
+            for (int32_t e = 0; e < n_eos; e++) {
+                if (eos[e] == token) stop = 1;
+            }
+        }
+        seconds[i] = now() - t0;
+        if (stop) return i + 1;
+    }
+    return steps;
+}

@@ -1,0 +1,172 @@
+"""The proposers of a batch (`engine.batch.generate_batch`): a draft model holding every sequence's
+cache (`BatchDraft`: each draft step one pass over every live sequence), or one `Proposer` per
+sequence (`PerSequence`: prompt lookup, the oracle on its slot's view of the target, `SlotView`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from moespec.backends.protocol import GreedyByLogits, output_rows
+from moespec.engine.proposers import Proposal, Proposer
+from moespec.engine.sampling import Sampler
+
+Part = tuple[int, Sequence[int]]
+
+
+@runtime_checkable
+class BatchModel(Protocol):
+    """A model holding several sequences' caches, fed together (`backends.llama_batch.LlamaBatch`)."""
+
+    sequences: int
+    batch: int  # the most tokens one pass holds
+    n_vocab: int
+    vocab_limit: int | None
+    forward_s: float
+
+    def reset(self) -> None: ...
+
+    def seq_length(self, seq: int) -> int: ...
+
+    def truncate_seq(self, seq: int, n: int) -> None: ...
+
+    def move(self, src: int, dst: int) -> None: ...
+
+    def extend_parts(self, parts: Sequence[Part]) -> list[torch.Tensor]: ...
+
+    def argmax_parts(self, parts: Sequence[Part], limit: int) -> list[list[int]]: ...
+
+
+def prefill_slot(model: BatchModel, slot: int, prompt: torch.Tensor) -> None:
+    """Every token of `prompt` but its last into `slot`'s cache, in passes of the model's batch (the
+    invariant of `engine.round`: each round verifies from the last committed token on)."""
+    ids = prompt[:-1].tolist()
+    for a in range(0, len(ids), model.batch):
+        model.extend_parts([(slot, ids[a: a + model.batch])])
+
+
+class SlotView(GreedyByLogits):
+    """One slot of a BatchModel as a single-sequence SpecModel (the oracle re-decodes its reference
+    on it); `slot` follows the sequence when it moves."""
+
+    def __init__(self, model: BatchModel, slot: int):
+        self.model, self.slot = model, slot
+        self.forward_s = 0.0
+        self.vocab_limit = model.vocab_limit
+
+    @property
+    def length(self) -> int:
+        return self.model.seq_length(self.slot)
+
+    @property
+    def width(self) -> int:
+        return self.model.n_vocab
+
+    def reset(self) -> None:
+        self.model.truncate_seq(self.slot, 0)
+
+    def truncate(self, n: int) -> None:
+        self.model.truncate_seq(self.slot, n)
+
+    def extend(self, tokens: torch.Tensor, outputs: int | None = None) -> torch.Tensor:
+        ids = torch.as_tensor(tokens).reshape(-1).tolist()
+        return self.model.extend_parts([(self.slot, ids)])[0][-output_rows(len(ids), outputs):]
+
+    def identity(self) -> None:
+        return None
+
+
+class BatchDraft:
+    """A draft model holding the batch's sequences (a BatchModel, slots as the target's): each draft
+    step is one pass over every live sequence."""
+
+    def __init__(self, model: BatchModel):
+        self.model = model
+
+    def begin(self, prompts: Sequence[torch.Tensor], views: Sequence[SlotView], max_new_tokens: int,
+              samplers: Sequence[Sampler]) -> None:
+        """Each prompt but its last token into the draft's slot of its sequence, as the target's prefill."""
+        self.model.reset()
+        for prompt, view in zip(prompts, views):
+            prefill_slot(self.model, view.slot, prompt)
+
+    def propose(self, live: Sequence[tuple[int, int, torch.Tensor]], k: int,
+                samplers: Sequence[Sampler]) -> dict[int, Proposal]:
+        """{i: up to k drafts} for live [(i, slot, committed tokens)]: k passes of one token per sequence
+        (the first feeds what each slot's cache lacks), greedy or sampled by each sequence's sampler."""
+        m, slots = self.model, {slot: i for i, slot, _ in live}
+        feed = {slot: ctx[m.seq_length(slot):].tolist() for _, slot, ctx in live}
+        drafts = {slot: [] for slot in feed}
+        qs = {slot: [] for slot in feed}
+        greedy = all(samplers[i].greedy for i in slots.values())
+        limit = min(samplers[i].vocab_limit for i in slots.values())
+        for _ in range(k):
+            parts = list(feed.items())
+            if greedy:
+                nxt = {slot: rows[-1] for (slot, _), rows in zip(parts, m.argmax_parts(parts, limit))}
+            else:
+                nxt = {}
+                for (slot, _), logits in zip(parts, m.extend_parts(parts)):
+                    s = samplers[slots[slot]]
+                    q = s.prepare(logits[-1:])
+                    nxt[slot] = int(s.sample(q)[0])
+                    qs[slot].append(q)
+            for slot, x in nxt.items():
+                drafts[slot].append(x)
+            feed = {slot: [x] for slot, x in nxt.items()}
+        return {slots[slot]: Proposal(torch.tensor(d, dtype=torch.long), None if greedy or not d else torch.cat(qs[slot]))
+                for slot, d in drafts.items()}
+
+    def commit(self, i: int, slot: int, keep: int) -> None:
+        self.model.truncate_seq(slot, keep)
+
+    def move(self, src: int, dst: int) -> None:
+        self.model.move(src, dst)
+
+
+class PerSequence:
+    """One `Proposer` per sequence (prompt lookup, the oracle given its reference), each proposing for
+    its own sequence on its own slot's view of the target."""
+
+    def __init__(self, proposers: Sequence[Proposer]):
+        self.proposers = list(proposers)
+
+    def begin(self, prompts: Sequence[torch.Tensor], views: Sequence[SlotView], max_new_tokens: int,
+              samplers: Sequence[Sampler]) -> None:
+        for p, prompt, view, sampler in zip(self.proposers, prompts, views, samplers):
+            p.begin(target=view, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler)
+
+    def propose(self, live: Sequence[tuple[int, int, torch.Tensor]], k: int,
+                samplers: Sequence[Sampler]) -> dict[int, Proposal]:
+        return {i: self.proposers[i].propose(ctx, k) if k else Proposal(ctx[:0]) for i, _, ctx in live}
+
+    def commit(self, i: int, slot: int, keep: int) -> None:
+        self.proposers[i].commit(keep)
+
+    def move(self, src: int, dst: int) -> None:
+        """Its proposers keep no cache of their own."""
+
+
+
+def batch_proposer(draft, B: int):
+    """The batch's proposer: None, a BatchDraft for a model holding >= B sequences, PerSequence for a
+    list of B proposers or one prompt lookup shared by all (it keeps no state)."""
+    from moespec.engine.proposers import PromptLookup
+
+    if draft is None:
+        return None
+    if isinstance(draft, BatchModel):
+        if draft.sequences < B:
+            raise ValueError(f"the draft model holds {draft.sequences} sequences, the batch {B}; load it with "
+                             f"sequences={B}")
+        return BatchDraft(draft)
+    if isinstance(draft, PromptLookup):
+        return PerSequence([draft] * B)
+    if isinstance(draft, Sequence) and len(draft) == B and all(isinstance(p, Proposer) for p in draft):
+        return PerSequence(draft)
+    raise TypeError(f"draft must be None, a model loaded with sequences >= {B}, a PromptLookup, or a list of {B} "
+                    f"proposers (one per prompt, e.g. OracleDraft with its reference); got {type(draft).__name__}")
+
