@@ -104,6 +104,15 @@ def write(path: str | Path, kind: str, payload: Any, *, machine: dict | None = N
     return dump_json(path, doc)
 
 
+def kind_of(path: str | Path) -> str | None:
+    """The kind an artifact's header names (None for a file that is not one), read before `load`."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return doc.get("kind") if isinstance(doc, dict) else None
+
+
 def load(path: str | Path, kind: str) -> dict:
     """Read an artifact and check its kind and schema version; returns the whole document."""
     path = Path(path)

@@ -14,7 +14,8 @@ from moespec.moe.traces import RoutingTrace
 from moespec.chain.demo import DemoConfig, run_demo
 from tests.conftest import require_llama
 
-LLAMA_STEPS = ("export", "trace", "characterize", "measure-base", "predict", "measure-sweep", "score")
+BATCH_STEPS = ("batch-trace", "batch-characterize", "batch-measure", "batch-predict", "batch-score")
+LLAMA_STEPS = ("export", "trace", "characterize", "measure-base", "predict", "measure-sweep", "score", *BATCH_STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +159,23 @@ def test_the_report_shows_both_backends_side_by_side(chains):
         table = text.split("Both backends")[1].split("\n\n")[0]
         rows = [line.split() for line in table.splitlines() if line.startswith("  ")][1:]  # under the header
         assert {r[0] for r in rows} == {"torch", "llama.cpp"}
+
+
+def test_the_llama_chain_ends_with_the_schedule_at_batch_size_b(chains):
+    """The batch steps after B = 1's: V̂_B for each smoke batch size, the score of every (a, B) cell,
+    and the report's Figure 7 and Table 9 beside the summary's goal line."""
+    out, _, _ = chains
+    folder = out / "llama.cpp"
+    pred = _payload(folder, "batch-prediction.json", "batch-predict")
+    assert sorted(pred["versions"]["prediction"]) == ["1", "2"]
+    assert all(len(V) == 3 and min(V) > 0 for V in pred["versions"]["prediction"].values())
+    score = _payload(folder, "batch-score.json", "batch-score")
+    assert sorted((c["B"], c["a"]) for c in score["versions"]["prediction"]["cells"]) == [
+        (1, 0.5), (1, 0.9), (2, 0.5), (2, 0.9)]
+    assert (folder / "schedule.png").stat().st_size > 1000
+    html = (folder / "report.html").read_text()
+    assert "Figure 7: best draft length per batch size" in html and "Table 9" in html
+    assert "at batch size B (prediction)" in (folder / "summary.txt").read_text()
 
 
 def test_measure_refuses_the_per_slot_kernel_on_llama_cpp(tmp_path, gguf_files):

@@ -108,6 +108,22 @@ def test_batch_step_times_give_a_draft_length_per_batch_size(tmp_path):
         assert r.exit_code != 0 and why in r.output, (bad, r.output)
 
 
+def test_a_batch_prediction_gives_the_same_settings_as_its_step_times(tmp_path):
+    """`--prediction batch-prediction.json` reads V̂_B per batch size (seconds, as `moespec batch` writes
+    them): the same k̂*(a, B) as the same step times in ms through --batch-step-times."""
+    pred = tmp_path / "batch-prediction.json"
+    artifacts.write(pred, "batch-predict", {"versions": {"prediction": {"1": [0.010, 0.011, 0.012, 0.013, 0.014],
+                                                                        "8": [0.014, 0.022, 0.030, 0.038, 0.046]},
+                                                         "timed": {"1": [0.01, 0.03, 0.05, 0.07, 0.09]}}})
+    r = runner.invoke(app, ["settings", "--prediction", str(pred), "-a", "0.8", "--draft", "d.gguf", "--max-batch", "32"])
+    assert r.exit_code == 0, r.output
+    assert "[[1, 7, 4], [8, 32, 1]]" in r.output
+    r = runner.invoke(app, ["settings", "--prediction", str(pred), "--version", "timed", "-a", "0.8"])
+    assert r.exit_code == 0 and "k̂* at B=1" in r.output and "off" in r.output, r.output  # no draft pays there
+    r = runner.invoke(app, ["settings", "--prediction", str(pred), "--version", "calibrated", "-a", "0.8"])
+    assert r.exit_code != 0 and "not 'calibrated'" in r.output
+
+
 def test_batch_sizes_timed_on_a_gguf_file(tmp_path, gguf_files):
     """V_B(k) timed on llama.cpp at B = 1, 2 (one pass per point): a positive step time per k and batch
     size, and the settings follow from them."""

@@ -21,7 +21,7 @@ from moespec.engine.batch import generate_batch
 from moespec.engine.proposers import OracleDraft
 
 
-def _references(target, prompts: Sequence[Sequence[int]], max_new_tokens: int, limit: int) -> list[torch.Tensor]:
+def references(target, prompts: Sequence[Sequence[int]], max_new_tokens: int, limit: int) -> list[torch.Tensor]:
     """Each prompt followed by its greedy continuation (plain batched decoding)."""
     out = generate_batch(target, prompts, k=0, max_new_tokens=max_new_tokens, vocab_limit=limit)
     return [torch.tensor(list(p) + r.tokens, dtype=torch.long) for p, r in zip(prompts, out)]
@@ -29,9 +29,10 @@ def _references(target, prompts: Sequence[Sequence[int]], max_new_tokens: int, l
 
 def sweep_batch(target, prompts: Sequence[Sequence[int]], *, sizes: Sequence[int], max_k: int,
                 acceptances: Sequence[float], max_new_tokens: int = 64, reps: int = 3, seed: int = 0,
-                vocab_limit: int | None = None, progress=None) -> dict:
+                vocab_limit: int | None = None, progress=None, refs: Sequence[torch.Tensor] | None = None) -> dict:
     """{B: {"T": {a: [T(0..max_k)] tokens/s}, "V": [V_B(0..max_k)] s, "samples": {"k,a": [tokens/s]}}} on
-    `target`, a model holding >= max(sizes) sequences (`LlamaBatch`). progress(done, total) after each call."""
+    `target`, a model holding >= max(sizes) sequences (`LlamaBatch`). progress(done, total) after each call;
+    refs: each prompt's greedy continuation (`references`), when already decoded."""
     sizes = sorted(int(B) for B in sizes)
     if not sizes or sizes[0] < 1 or sizes[-1] > len(prompts):
         raise ValueError(f"batch sizes must be 1..{len(prompts)} (the prompts given), got {list(sizes)}")
@@ -39,7 +40,8 @@ def sweep_batch(target, prompts: Sequence[Sequence[int]], *, sizes: Sequence[int
         raise ValueError(f"need max_k >= 1, reps >= 1 and max_new_tokens >= max_k + 2; got {max_k}, {reps}, "
                          f"{max_new_tokens}")
     limit = vocab_limit or target.vocab_limit or target.n_vocab
-    refs = _references(target, prompts[: sizes[-1]], max_new_tokens, limit)
+    if refs is None or len(refs) < sizes[-1]:
+        refs = references(target, prompts[: sizes[-1]], max_new_tokens, limit)
     cases = [(0, None)] + [(k, float(a)) for k in range(1, max_k + 1) for a in acceptances]
     total, done, result = len(sizes) * len(cases) * reps, 0, {}
     for B in sizes:

@@ -64,6 +64,9 @@ class DemoConfig:
     backend: str = "torch"
     gguf_type: str = "q8_0"
     threads: int | None = None
+    # on llama.cpp, the chain at batch size B after B = 1's (`chain.batch_chain.BatchKnobs`; torch stays at B = 1)
+    batch: dict = field(default_factory=lambda: dict(sizes=(1, 2, 4), max_k=3, acceptances=(0.5, 0.7, 0.9, 0.95),
+                                                     prompt_tokens=64, new_tokens=32, reps=2, trace_tokens=4096))
 
     def __post_init__(self):
         if self.trace_tokens < 16:
@@ -103,7 +106,9 @@ class DemoConfig:
         tiny = dict(model="synthetic:olmoe-tiny", trace_tokens=200,
                     characterize=dict(layers=(0,), reps=5, warmup=1, u_points=2, windows=2, n=range(1, 4)),
                     measure=dict(depths=(16,), ns=range(1, 4), reps=6, ks=(0, 1, 2), new_tokens=6, scaling_ns=(),
-                                 flush=False))
+                                 flush=False),
+                    batch=dict(sizes=(1, 2), max_k=2, acceptances=(0.5, 0.9), prompt_tokens=16, new_tokens=8, reps=1,
+                               trace_tokens=512))
         return cls(**{**tiny, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
@@ -369,6 +374,12 @@ def run_demo(
         _step(STEP_NAMES.get(name, name), path, work, echo, ran, seconds)
     for name, path, work in _measure_steps(run, echo):
         _step(STEP_NAMES.get(name, name), path, work, echo, ran, seconds)
+    if config.llama:  # the chain at batch size B (report: Figure 7, the schedule)
+        from moespec.chain.batch_chain import BatchKnobs, batch_steps
+
+        knobs = BatchKnobs(**{**config.batch, "threads": config.threads})
+        for name, path, work in batch_steps(run.gguf, out, knobs, progress=progress, echo=echo):
+            _step(name, path, work, echo, ran, seconds)
     t0 = time.perf_counter()
     report = build_report(out, out=out / REPORT)
     summary = (out / "summary.txt").read_text(encoding="utf-8")
@@ -399,7 +410,8 @@ def _move_aside(out: Path, echo: Callable[[str], None]) -> None:
     from moespec.report.build import ANSWER
 
     names = (TRACES, VERIFIED, *KINDS, REPORT, "summary.txt", ANSWER)
-    moved = [p for p in [*(out / n for n in names), *out.glob("*.points.jsonl")] if p.exists()]
+    moved = [p for p in [*(out / n for n in names), *out.glob("*.points.jsonl"), *out.glob("batch-*"),
+                         out / "schedule.png"] if p.exists() and not p.name.endswith(".old")]
     for path in moved:
         os.replace(path, path.with_name(path.name + ".old"))
     echo(f"[restart] moved {len(moved)} file(s) of {out} to *.old")

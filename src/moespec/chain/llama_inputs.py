@@ -58,11 +58,12 @@ def _pieces(doc_id: str, ids: list[int], size: int) -> list[tuple[str, list[int]
 
 def record_gguf_routing(gguf: str | Path, out: str | Path, *, texts: Sequence[tuple[str, str]] | None = None,
                         tokens: int | None = None, threads: int | None = None, chunk: int = DEFAULT_CHUNK,
-                        corpus: Sequence[str] = ("moespec:data/corpus",),
+                        corpus: Sequence[str] = ("moespec:data/corpus",), per_document: int | None = None,
                         on_tokens: Callable[[int], None] | None = None) -> tuple[int, int]:
     """Write to `out` the routing llama.cpp computes for `gguf` on documents [(doc id, text)] (default:
     the shipped corpus), tokenized by the file's own tokenizer without special tokens and read by
-    teacher forcing, `chunk` tokens per pass, at most `tokens` tokens in all. Returns (documents,
+    teacher forcing, `chunk` tokens per pass, at most `tokens` tokens in all and `per_document` in each
+    (many short documents, as a trace for batches of different requests wants). Returns (documents,
     tokens) written; `on_tokens(t)` after each pass of t tokens."""
     from moespec.backends.llama_routing import RoutingModel
     from moespec.backends.llama_tokenizer import LlamaTokenizer
@@ -74,6 +75,8 @@ def record_gguf_routing(gguf: str | Path, out: str | Path, *, texts: Sequence[tu
     with RoutingModel(gguf, threads=threads, n_ctx=TRACE_CONTEXT, batch=chunk) as reader:
         tok = LlamaTokenizer(reader.model)
         text_only = SimpleNamespace(encode=lambda text: tok.encode(text, add_bos=False))  # as the torch trace reads
+        if per_document is not None:
+            text_only = SimpleNamespace(encode=lambda text: tok.encode(text, add_bos=False)[:per_document])
         docs = tokenize(text_only, default_corpus() if texts is None else texts, tokens)
         with TraceWriter(out, num_experts=lay.num_experts, top_k=lay.top_k, expert_bytes=lay.expert_bytes,
                          layers=lay.moe_layers, model=ident["model"], dtype=ident["dtype"],

@@ -72,6 +72,18 @@ def _write_versions(make, table, done: str, kind: str, out: Path) -> None:
     console.print(f"wrote {out}")
 
 
+def _write_batch(make, table, kind: str, out: Path) -> dict:
+    """make() a batch payload (its errors as the command's), print its table, write it to `out`."""
+    try:
+        payload = make()
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from e
+    cli_console().print(table(payload))
+    artifacts.write(out, kind, payload)
+    cli_console().print(f"wrote {out}")
+    return payload
+
+
 @app.command("predict")
 def predict_command(
     characterization: Path = typer.Option(..., "--characterization", exists=True, dir_okay=False,
@@ -84,9 +96,18 @@ def predict_command(
                              help="where to write the prediction"),
 ) -> None:
     """Predict τ̂_p(n), Ŝ(n) with its band, the crossover, k̂*(a) and the speedup (22), in three versions;
-    exits 1, writing nothing, when no version can be predicted."""
+    exits 1, writing nothing, when no version can be predicted. From a batch measurement (`moespec measure
+    --batch-sizes`): V̂_B(k) at each of its batch sizes."""
     from moespec.chain.prediction import KIND, predict_all
 
+    if artifacts.kind_of(measurement) == "batch-measure":
+        from moespec.chain.batch_prediction import KIND as BATCH_KIND, predict_batch
+        from moespec.cli.batch import prediction_table
+
+        sources = {"characterization": str(characterization), "traces": str(traces), "measurement": str(measurement)}
+        _write_batch(lambda: predict_batch(characterization, traces, measurement, sources=sources), prediction_table,
+                     BATCH_KIND, out)
+        return
     sources = {"characterization": str(characterization), "traces": str(traces), "measurement_base": str(measurement)}
     _write_versions(lambda: predict_all(characterization, traces, measurement, sources=sources), _prediction_table,
                     "predicted", KIND, out)
@@ -107,6 +128,17 @@ def score_command(
 
     if kernel not in COST_KERNELS:
         raise typer.BadParameter(f"--kernel {kernel!r}; use one of {COST_KERNELS}")
+    if artifacts.kind_of(prediction) == "batch-predict":
+        from moespec.chain.batch_prediction import SCORE_KIND as BATCH_SCORE, score_batch
+        from moespec.cli.batch import score_lines, score_table
+        from moespec.report.figures import plot_schedule
+
+        payload = _write_batch(lambda: score_batch(prediction, measurement), score_table, BATCH_SCORE, out)
+        for line in score_lines(payload):
+            cli_console().print(line)
+        plot_schedule(payload, out.with_suffix(".png"))
+        cli_console().print(f"wrote {out.with_suffix('.png')}: k̂*(a, B) against a, one line per B")
+        return
     _write_versions(lambda: score_all(artifacts.load(prediction, KIND), measurement, kernel=kernel), _score_table,
                     "scored", SCORE_KIND, out)
 

@@ -78,10 +78,23 @@ def measure_command(
                                 "mul_mat_id: the verify times and the oracle sweep are measured with it alone"),
     threads: Optional[int] = typer.Option(None, "--threads", callback=interval(1),
                                           help="llama.cpp's threads (default: all cores)"),
+    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="on a GGUF file: measure at these batch "
+                                              "sizes (1,2,4,8): τ_B, h_B(k) and the oracle sweep at every (k, a, B); "
+                                              "--k (largest), --acceptance, --depth (prompt tokens), --new-tokens "
+                                              "and --oracle-reps apply"),
 ) -> None:
     """Measure τ_p(n), S(n), the scaling curve, h(k) and the oracle (and draft) sweeps; resumable under
-    the same provenance. With --base: the verify times and the h(k) probe only."""
+    the same provenance. With --base: the verify times and the h(k) probe only. With --batch-sizes:
+    the measurement at batch size B (`moespec predict` / `score` read it like the others)."""
     from moespec.bench.measure import measure
+
+    if batch_sizes is not None:
+        if base or draft or prompt_lookup or verified:
+            raise typer.BadParameter("--batch-sizes measures the oracle at batch size B; drop --base, --draft, "
+                                     "--prompt-lookup and --verified", param_hint="'--batch-sizes'")
+        _measure_batch(model, batch_sizes, k=k, acceptance=acceptance, depth=depth, new_tokens=new_tokens,
+                       reps=oracle_reps, threads=threads, out=out, restart=restart)
+        return
 
     knobs = dict(depths=depth or None, reps=reps, stride=stride, prompts=prompts, new_tokens=new_tokens, oracle_steps=steps,
                  oracle_reps=oracle_reps, oracle_start_stride=start_stride, ks=k or None,
@@ -125,3 +138,29 @@ def measure_command(
     for depth, h in payload.get("h", {}).items():
         console.print(f"h(k) probe d={depth}: h(k) ms = {', '.join(f'{1e3 * float(x):.1f}' for x in h.values())}")
     console.print(f"wrote {out}")
+
+
+def _measure_batch(model: str, batch_sizes: str, *, k, acceptance, depth, new_tokens, reps, threads, out: Path,
+                   restart: bool) -> None:
+    from moespec.chain.batch_chain import BatchKnobs, measure
+    from moespec.cli.batch import DEFAULT_ACCEPTANCES, gguf_only
+    from moespec.cli.settings import _parse_sizes
+
+    path = gguf_only(model)
+    if restart and out.exists():
+        out.replace(out.with_name(out.name + ".old"))
+    try:
+        knobs = BatchKnobs(sizes=tuple(_parse_sizes(batch_sizes)), max_k=max(k) if k else 4,
+                           acceptances=tuple(float(a) for a in acceptance or DEFAULT_ACCEPTANCES),
+                           prompt_tokens=depth[0] if depth else 128, new_tokens=new_tokens or 48, reps=reps or 3,
+                           threads=threads)
+        payload = measure(path, out, knobs)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    table = Table("B", "τ_B(1..k+1) ms", "h_B(0..k) ms", "measured V_B(0..k) ms", title=f"batch measurement, {path}")
+    for B, row in payload["by_batch"].items():
+        taus = " ".join(f"{1e3 * t['median']:.2f}" for t in row["tau"].values())
+        table.add_row(B, taus, " ".join(f"{1e3 * h:.2f}" for h in row["h"]),
+                      " ".join("-" if v is None else f"{1e3 * v:.2f}" for v in row["sweep"]["V"]))
+    cli_console().print(table)
+    cli_console().print(f"wrote {out}")

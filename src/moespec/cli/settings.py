@@ -75,7 +75,7 @@ def _summary(s) -> str:
 
 @app.command()
 def settings(
-    prediction: Annotated[Path | None, typer.Option(help="a predict artifact (moespec predict / demo)")] = None,
+    prediction: Annotated[Path | None, typer.Option(help="a predict artifact (moespec predict / demo), or a batch one (moespec batch): per batch size")] = None,
     version: Annotated[str | None, typer.Option(help=f"prediction version, one of {VERSIONS} (default: "
                                                      f"{PREFERENCE[0]}, else the first of {PREFERENCE[1:]} there)")] = None,
     kernel: Annotated[str, typer.Option(help=f"kernel whose V̂(k) to use, one of {KERNELS}")] = COST_DEDUP,
@@ -105,12 +105,16 @@ def settings(
                                                   "(default: the largest batch size)")] = None,
 ) -> None:
     """Draft length, n-min and p-min for llama.cpp, vLLM and SGLang from k̂*(a) and V̂(k): at batch size 1,
-    or per batch size (--batch-step-times, or --batch-sizes with --timed FILE.gguf)."""
-    if batch_step_times or batch_sizes or timed is not None:
+    or per batch size (--prediction batch-prediction.json, --batch-step-times, or --batch-sizes with --timed FILE.gguf)."""
+    from moespec.artifacts import kind_of
+
+    batch_prediction = prediction if prediction is not None and kind_of(prediction) == "batch-predict" else None
+    if batch_step_times or batch_sizes or timed is not None or batch_prediction is not None:
         return _batches(batch_step_times=batch_step_times, batch_sizes=batch_sizes, timed=timed, max_k=max_k,
                         depth=depth_timed, reps=reps, threads=threads, acceptance=acceptance, draft=draft,
-                        prompt_lookup=prompt_lookup, max_batch=max_batch, others=(prediction, step_times),
-                        json_out=json_out)
+                        prompt_lookup=prompt_lookup, max_batch=max_batch, json_out=json_out,
+                        others=(None if batch_prediction else prediction, step_times),
+                        batch_prediction=(batch_prediction, version))
     _choice(version, VERSIONS, "'--version'")
     _choice(kernel, KERNELS, "'--kernel'")
     engines = ENGINES if engine == "all" else (_choice(engine, (*ENGINES, "all"), "'--engine'"),)
@@ -189,8 +193,23 @@ def _parse_sizes(text: str) -> list[int]:
     return sorted(sizes)
 
 
-def _batch_step_times(*, batch_step_times, batch_sizes, timed, max_k, depth, reps, threads, draft, console):
+def _batch_step_times(*, batch_step_times, batch_sizes, timed, max_k, depth, reps, threads, draft, console,
+                      batch_prediction=(None, None)):
     """({B: V_B in ms}, where they came from, the timing record or None)."""
+    path, version = batch_prediction
+    if path is not None:  # a batch prediction (`moespec batch`, `moespec predict` on a batch measurement)
+        if batch_step_times or batch_sizes or timed is not None:
+            raise typer.BadParameter(f"{path} gives V̂_B at its own batch sizes: drop --batch-step-times, "
+                                     "--batch-sizes and --timed", param_hint="'--prediction'")
+        from moespec.artifacts import load
+
+        versions = load(path, "batch-predict")["payload"]["versions"]
+        version = version or "prediction"
+        if version not in versions:
+            raise typer.BadParameter(f"{path} holds the versions {sorted(versions)}, not {version!r}",
+                                     param_hint="'--version'")
+        return ({int(B): [1e3 * v for v in row] for B, row in sorted(versions[version].items(), key=lambda x: int(x[0]))},
+                f"{path}, {version} V̂_B", None)
     if batch_step_times:
         if batch_sizes or timed is not None:
             raise typer.BadParameter("give --batch-step-times, or --batch-sizes with --timed, not both",
@@ -218,7 +237,7 @@ def _batch_step_times(*, batch_step_times, batch_sizes, timed, max_k, depth, rep
 
 
 def _batches(*, batch_step_times, batch_sizes, timed, max_k, depth, reps, threads, acceptance, draft, prompt_lookup,
-             max_batch, others, json_out) -> None:
+             max_batch, others, json_out, batch_prediction=(None, None)) -> None:
     """The settings per batch size (`costmodel.settings.recommend_batches`)."""
     from moespec.costmodel.settings import recommend_batches
 
@@ -230,7 +249,7 @@ def _batches(*, batch_step_times, batch_sizes, timed, max_k, depth, reps, thread
     console = cli_console()
     V, origin, record = _batch_step_times(batch_step_times=batch_step_times, batch_sizes=batch_sizes, timed=timed,
                                           max_k=max_k, depth=depth, reps=reps, threads=threads, draft=draft,
-                                          console=console)
+                                          console=console, batch_prediction=batch_prediction)
     if max_batch is not None and max_batch < max(V):
         raise typer.BadParameter(f"--max-batch {max_batch} is below the largest batch size, {max(V)}",
                                  param_hint="'--max-batch'")

@@ -72,3 +72,16 @@ def default_corpus() -> list[tuple[str, str]]:
     if not files:
         raise ValueError("the default corpus moespec/data/corpus/*.txt is missing; reinstall moespec or pass --corpus")
     return _named_texts((p.name[: -len(".txt")], read_text(p)) for p in files)
+
+
+def spread(texts: Iterable[tuple[str, str]], chars: int) -> list[tuple[str, str]]:
+    """Many short documents from every file: `texts` taken in turn from each file (the stem before the
+    ':' of their ids), each cut to its first `chars` characters. What a trace for a batch of
+    different requests reads (`moe.batch_union`): a window from each of B distinct documents."""
+    if chars < 1:
+        raise ValueError(f"chars must be >= 1, got {chars}")
+    by_file: dict[str, list[tuple[str, str]]] = {}
+    for doc_id, text in texts:
+        by_file.setdefault(doc_id.split(":", 1)[0], []).append((doc_id, text[:chars]))
+    queues = list(by_file.values())
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]

@@ -3,7 +3,8 @@ Figures 1–6 and Tables 1, 3, 4, 7 and 8 of this run (cost-model paper, Sec. 2 
 the same summary as plain text (summary.txt).
 
 Reads a run folder as `moespec demo` leaves it (traces.parquet, characterization.json,
-prediction.json, measurement.json, score.json); a missing artifact drops the parts that need it, and
+prediction.json, measurement.json, score.json, and on llama.cpp batch-score.json: Figure 7 and
+Table 9, the schedule at batch size B); a missing artifact drops the parts that need it, and
 artifacts of different models are refused (`models.lineage.check_chain`).
 """
 
@@ -17,14 +18,16 @@ from moespec import artifacts
 from moespec.models.lineage import check_chain
 from moespec.moe.traces import read_header
 from moespec.report.answer import answer_blocks
+from moespec.report.batch import batch_blocks
 from moespec.report.html import Figure, Section, Table, render
 from moespec.report.summary import as_text, backends_table, crossover_shown, k_within_one, summary_blocks
 
 FILES = {"traces": "traces.parquet", "characterization": "characterization.json", "prediction": "prediction.json",
-         "measurement": "measurement.json", "score": "score.json"}
+         "measurement": "measurement.json", "score": "score.json", "batch_score": "batch-score.json"}
 ANSWER = "answer.txt"  # the answer alone (`report.answer`), also the head of summary.txt
 LLAMA_FOLDER = "llama.cpp"  # where `moespec demo --backend llama.cpp` runs, inside the torch run folder
-KINDS = {"characterization": "characterize", "prediction": "predict", "measurement": "measure", "score": "score"}
+KINDS = {"characterization": "characterize", "prediction": "predict", "measurement": "measure", "score": "score",
+         "batch_score": "batch-score"}
 
 
 def _load_run(run_dir: Path) -> dict[str, Any]:
@@ -128,6 +131,9 @@ def _figures(run: dict, tmp: Path) -> list:
             _, p = _first(versions, "calibrated", "measured-time", "prediction")
             out.append(Figure(f"Figure 5: best draft length k̂*(a) vs measured, loss vs (20), speedup vs (21), d = {d}",
                               figures.plot_staircase(p, scores[d], tmp / f"fig5-{d}.png", f"d = {d}")))
+    if "batch_score" in run:
+        out.append(Figure("Figure 7: best draft length per batch size, k̂*(a, B) predicted (lines) and the sweep's "
+                          "best (dots)", figures.plot_schedule(run["batch_score"], tmp / "fig7.png")))
     return sorted(out, key=lambda f: f.caption)
 
 
@@ -153,6 +159,8 @@ def build_report(run_dir: str | Path, out: str | Path = "report.html") -> Path:
                 fix=f"make every artifact in {run_dir} with one model, or move the others away")
     out = Path(out)
     summary = summary_blocks(run)
+    if "batch_score" in run:
+        summary += [b for b in batch_blocks(run["batch_score"]) if isinstance(b, str)]
     sides = _both_backends(run_dir, run)
     if sides is not None:
         summary.insert(0, sides)
@@ -164,6 +172,7 @@ def build_report(run_dir: str | Path, out: str | Path = "report.html") -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         sections.append(Section("Figures", _figures(run, Path(tmp))))
         tables = ([_table1(run["characterization"])] if "characterization" in run else []) + _score_tables(run)
+        tables += [b for b in batch_blocks(run["batch_score"]) if isinstance(b, Table)] if "batch_score" in run else []
         sections.append(Section("Tables", tables or ["no scored measurement yet"]))
         model = run.get("prediction", {}).get("model") or run.get("measurement", {}).get("model") or str(run_dir)
         return render(f"moespec report: {model}", sections, out)

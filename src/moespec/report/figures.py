@@ -140,3 +140,21 @@ def plot_verify(versions: Mapping[str, Mapping[str, Any]], verify: Mapping[str, 
     axes[0].set_ylabel("verify time τ(n) (ms)")
     fig.suptitle(title, fontsize=9)
     return _save(fig, path)
+
+
+def plot_schedule(score: Mapping[str, Any], path: str | Path, version: str = "prediction") -> Path:
+    """Figure 7: k̂*(a, B) of `version` against a, one staircase per batch size B, the sweep's measured
+    best k as dots of the same colour (a "batch-score" payload, `chain.batch_prediction.score_batch`)."""
+    cells_all = score["versions"][version]["cells"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=150)
+    sizes = sorted({c["B"] for c in cells_all})
+    for i, B in enumerate(sizes):  # each B a little higher, so equal staircases stay apart
+        cells, lift = [c for c in cells_all if c["B"] == B], 0.06 * (i - (len(sizes) - 1) / 2)
+        line, = ax.step([c["a"] for c in cells], [c["k_hat"] + lift for c in cells], where="post", label=f"B = {B}")
+        ax.plot([c["a"] for c in cells], [c["k_measured"] + lift for c in cells], "o", color=line.get_color(),
+                alpha=0.6)
+    ax.set_xlabel("acceptance a")
+    ax.set_ylabel("draft length k")
+    ax.set_title(f"k̂*(a, B): lines {version}, dots measured best", fontsize=9)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
