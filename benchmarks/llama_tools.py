@@ -1,7 +1,8 @@
-"""llama.cpp's own tools (llama-bench, llama-speculative-simple), built from the llama.cpp source that
-the installed llama-cpp-python vendors, so that a benchmark compares moespec with the same llama.cpp;
-and a variant libllama built without llamafile's sgemm (-DGGML_LLAMAFILE=OFF), which llama-cpp-python
-loads instead of its own when LLAMA_CPP_LIB_PATH names its folder.
+"""llama.cpp's own tools (llama-bench, llama-speculative-simple; llama-server by `build_server`), built
+from the llama.cpp source that the installed llama-cpp-python vendors, so that a benchmark compares
+moespec with the same llama.cpp; and a variant libllama built without llamafile's sgemm
+(-DGGML_LLAMAFILE=OFF), which llama-cpp-python loads instead of its own when LLAMA_CPP_LIB_PATH names
+its folder.
 
 The source comes from llama-cpp-python's sdist (`moespec.models.llama_convert.source_dir`), the builds use the flags
 moespec's README gives for llama-cpp-python (GGML_NATIVE=ON), and everything is cached under
@@ -20,6 +21,7 @@ from pathlib import Path
 from moespec.models.llama_convert import cache_dir, source_dir
 
 TOOLS = ("llama-bench", "llama-speculative-simple")
+SERVER = "llama-server"
 CACHE = cache_dir()
 
 
@@ -28,18 +30,31 @@ def _run(cmd: list[str], cwd: Path | None = None) -> None:
     subprocess.run(cmd, cwd=cwd, check=True)
 
 
-def build_tools() -> dict[str, Path]:
-    """{tool: path} of llama-bench and llama-speculative-simple for the installed llama-cpp-python."""
+def _build(targets: tuple[str, ...], *, server: bool) -> dict[str, Path]:
+    """{target: path} in the tools' build folder, configured and built once (each call adds its targets)."""
     version = importlib.metadata.version("llama-cpp-python")
     build = CACHE / f"llama-tools-{version}"
-    paths = {t: build / "bin" / t for t in TOOLS}
+    paths = {t: build / "bin" / t for t in targets}
     if all(p.is_file() for p in paths.values()):
         return paths
     src = source_dir(version)
+    # the server embeds its web UI, which the build would fetch or build with npm: neither, an empty UI
+    ui = ["-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF"] if server else []
     _run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-          "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"])
-    _run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(os.cpu_count() or 2)])
+          "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+          f"-DLLAMA_BUILD_SERVER={'ON' if server else 'OFF'}", *ui])
+    _run(["cmake", "--build", str(build), "--target", *targets, "-j", str(os.cpu_count() or 2)])
     return paths
+
+
+def build_tools() -> dict[str, Path]:
+    """{tool: path} of llama-bench and llama-speculative-simple for the installed llama-cpp-python."""
+    return _build(TOOLS, server=False)
+
+
+def build_server() -> Path:
+    """llama-server for the installed llama-cpp-python, in the same build folder as the tools."""
+    return _build((SERVER,), server=True)[SERVER]
 
 
 def build_library(llamafile: bool = False) -> Path:
@@ -61,3 +76,4 @@ if __name__ == "__main__":
     print(f"libllama without llamafile: {build_library(llamafile=False)}")
     for name, path in build_tools().items():
         print(f"{name}: {path}")
+    print(f"{SERVER}: {build_server()}")
