@@ -121,8 +121,7 @@ class LlamaBatch(LlamaModel):
             got = llama_steps.rows_argmax(self._ctx, first, n, limit)
             if isinstance(got, int):
                 row = self._logits()[first + got, :limit]
-                raise NoMaximum(got, "NaN" if np.isnan(row).any() else "+inf" if np.isposinf(row).any()
-                                else "-inf at every allowed id")
+                raise NoMaximum.in_row(got, row)
             out.append(got.tolist())
         return out
 
@@ -156,8 +155,7 @@ class LlamaBatch(LlamaModel):
             raise ValueError(f"llama_decode failed on a batched greedy step (code {status}): {llama_lib.last_log()}")
         if bad is not None:
             row = self._logits()[bad[1], :limit]
-            raise NoMaximum(bad[0], "NaN" if np.isnan(row).any() else "+inf" if np.isposinf(row).any()
-                            else "-inf at every allowed id")
+            raise NoMaximum.in_row(bad[0], row)
         self.forward_s += float(seconds.sum())
         return produced, seconds.tolist()
 

@@ -140,8 +140,7 @@ class LlamaModel(GreedyByLogits):
         got = llama_steps.rows_argmax(self._ctx, last - rows, rows, limit)
         if isinstance(got, int):
             row = self._logits()[last - rows + got, :limit]
-            raise NoMaximum(got, "NaN" if np.isnan(row).any() else "+inf" if np.isposinf(row).any()
-                            else "-inf at every allowed id")
+            raise NoMaximum.in_row(got, row)
         return got.tolist()
 
     def greedy_steps(self, token: int, steps: int, limit: int,
@@ -165,8 +164,7 @@ class LlamaModel(GreedyByLogits):
                              f"{llama_lib.last_log()}")
         if bad is not None:
             row = self._logits()[0, :limit]
-            raise NoMaximum(bad, "NaN" if np.isnan(row).any() else "+inf" if np.isposinf(row).any()
-                            else "-inf at every allowed id")
+            raise NoMaximum.in_row(bad, row)
         self.forward_s += float(seconds.sum())
         return produced.tolist(), seconds.tolist()
 

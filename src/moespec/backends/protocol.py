@@ -68,6 +68,12 @@ class NoMaximum(ValueError):
                          "(try dtype=float32)")
         self.row, self.what = row, what
 
+    @classmethod
+    def in_row(cls, row: int, allowed: np.ndarray) -> "NoMaximum":
+        """The error for row `row` whose allowed logits `allowed` [limit] have no finite maximum."""
+        return cls(row, "NaN" if np.isnan(allowed).any() else "+inf" if np.isposinf(allowed).any()
+                   else "-inf at every allowed id")
+
 
 def argmax_rows(logits: torch.Tensor, limit: int) -> list[int]:
     """The first maximal id below `limit` of each row of logits [n, V]; NoMaximum for a row whose
@@ -77,9 +83,7 @@ def argmax_rows(logits: torch.Tensor, limit: int) -> list[int]:
     top = allowed[np.arange(len(best)), best]
     if not np.isfinite(top).all():
         row = int(np.flatnonzero(~np.isfinite(top))[0])
-        bad = allowed[row]
-        raise NoMaximum(row, "NaN" if np.isnan(bad).any() else "+inf" if np.isposinf(bad).any()
-                        else "-inf at every allowed id")
+        raise NoMaximum.in_row(row, allowed[row])
     return best.tolist()
 
 
