@@ -81,7 +81,7 @@ def batch_steps(gguf: str | Path, out: Path, knobs: BatchKnobs, *, progress: boo
         ("batch-measure", p(MEASUREMENT), lambda: measure(gguf, p(MEASUREMENT), knobs, progress=progress)),
         ("batch-predict", p(PREDICTION), lambda: artifacts.write(p(PREDICTION), KIND, predict_batch(
             p(CHARACTERIZATION), p(TRACES), p(MEASUREMENT), sources=sources))),
-        ("batch-score", p(SCORE), lambda: score(out)),
+        ("batch-score", p(SCORE), lambda: score(p(PREDICTION), p(MEASUREMENT), p(SCORE), p(FIGURE))),
     ]
 
 
@@ -127,12 +127,13 @@ def measure(gguf: str | Path, out: Path, knobs: BatchKnobs, *, progress: bool = 
                              out=out, progress=tick)
 
 
-def score(out: Path) -> dict:
-    """The score of the folder's prediction against its measurement's sweep, and Figure 7 beside it."""
+def score(prediction: str | Path, measurement: str | Path, out: Path, figure: Path) -> dict:
+    """The score of a batch prediction against the measurement's sweep, written to `out`, and Figure 7
+    to `figure`."""
     from moespec.chain.batch_prediction import SCORE_KIND, score_batch
     from moespec.report.figures import plot_schedule
 
-    payload = score_batch(artifacts.load(out / PREDICTION, "batch-predict")["payload"], out / MEASUREMENT)
-    artifacts.write(out / SCORE, SCORE_KIND, payload)
-    plot_schedule(payload, out / FIGURE)
+    payload = score_batch(prediction, measurement)
+    artifacts.write(out, SCORE_KIND, payload)
+    plot_schedule(payload, figure)
     return payload

@@ -46,22 +46,14 @@ def prediction_table(payload: dict) -> Table:
 
 
 def score_table(payload: dict) -> Table:
-    scores = payload["versions"]
-    first = next(iter(scores.values()))
-    sizes = sorted({c["B"] for c in first["cells"]})
+    from moespec.report.batch import schedule_rows
+
+    sizes, rows = schedule_rows(payload)
     table = Table("a", *(f"B={B} k̂* / best" for B in sizes),
-                  title=f"draft length per batch size, {', '.join(scores)} / measured best")
-    for a in payload["acceptances"]:
-        cells = {v: {c["B"]: c for c in s["cells"] if c["a"] == a} for v, s in scores.items()}
-        table.add_row(f"{a:g}", *(" / ".join([*(str(cells[v][B]["k_hat"]) for v in scores),
-                                              str(cells[next(iter(scores))][B]["k_measured"])]) for B in sizes))
+                  title=f"draft length per batch size, {', '.join(payload['versions'])} / measured best")
+    for row in rows:
+        table.add_row(*row)
     return table
-
-
-def score_lines(payload: dict) -> list[str]:
-    return [f"{v}: k̂* within one of the measured best in {s['within_one']:.0%} of the (a, B) cells (goal >= 90%); "
-            f"throughput lost at k̂*: median {s['loss_median']:.1%}, largest {s['loss_max']:.1%} (goal <= 5%)"
-            for v, s in payload["versions"].items()]
 
 
 @app.command("batch")
@@ -82,6 +74,7 @@ def batch_command(
 ) -> None:
     """k̂*(a, B) on a GGUF file: routing, characterization to n = B(k+1), the batch measurement, V̂_B, the score."""
     from moespec.chain.batch_chain import FIGURE, MEASUREMENT, PREDICTION, SCORE, BatchKnobs, batch_steps
+    from moespec.report.batch import goal_lines
 
     model = gguf_only(model)
     try:
@@ -107,7 +100,7 @@ def batch_command(
     score = artifacts.load(out_dir / SCORE, "batch-score")["payload"]
     console.print(prediction_table(prediction))
     console.print(score_table(score))
-    for line in score_lines(score):
+    for line in goal_lines(score):
         console.print(line)
     console.print(f"wrote {out_dir / SCORE}, {out_dir / FIGURE} (measurement: {out_dir / MEASUREMENT}); engine settings "
                   f"per batch size: moespec settings --prediction {out_dir / PREDICTION} -a A --draft D",

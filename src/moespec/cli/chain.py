@@ -58,29 +58,21 @@ def _exit_if_empty(console: Console, payload: dict, done: str) -> None:
     raise typer.Exit(1)
 
 
-def _write_versions(make, table, done: str, kind: str, out: Path) -> None:
+def _write_versions(make, table, done: str | None, kind: str | None, out: Path) -> dict:
     """make() the payload (its errors as the command's), print its table, exit 1 when no version was
-    `done`, else write the `kind` artifact to `out`."""
+    `done` (None: a batch payload, which has no versions to lack), else write the `kind` artifact to
+    `out` (None: make() wrote it)."""
     try:
         payload = make()
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from e
     console = cli_console()
     console.print(table(payload))
-    _exit_if_empty(console, payload, done)
-    artifacts.write(out, kind, payload)
+    if done is not None:
+        _exit_if_empty(console, payload, done)
+    if kind is not None:
+        artifacts.write(out, kind, payload)
     console.print(f"wrote {out}")
-
-
-def _write_batch(make, table, kind: str, out: Path) -> dict:
-    """make() a batch payload (its errors as the command's), print its table, write it to `out`."""
-    try:
-        payload = make()
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from e
-    cli_console().print(table(payload))
-    artifacts.write(out, kind, payload)
-    cli_console().print(f"wrote {out}")
     return payload
 
 
@@ -105,8 +97,8 @@ def predict_command(
         from moespec.cli.batch import prediction_table
 
         sources = {"characterization": str(characterization), "traces": str(traces), "measurement": str(measurement)}
-        _write_batch(lambda: predict_batch(characterization, traces, measurement, sources=sources), prediction_table,
-                     BATCH_KIND, out)
+        _write_versions(lambda: predict_batch(characterization, traces, measurement, sources=sources),
+                        prediction_table, None, BATCH_KIND, out)
         return
     sources = {"characterization": str(characterization), "traces": str(traces), "measurement_base": str(measurement)}
     _write_versions(lambda: predict_all(characterization, traces, measurement, sources=sources), _prediction_table,
@@ -129,15 +121,16 @@ def score_command(
     if kernel not in COST_KERNELS:
         raise typer.BadParameter(f"--kernel {kernel!r}; use one of {COST_KERNELS}")
     if artifacts.kind_of(prediction) == "batch-predict":
-        from moespec.chain.batch_prediction import SCORE_KIND as BATCH_SCORE, score_batch
-        from moespec.cli.batch import score_lines, score_table
-        from moespec.report.figures import plot_schedule
+        from moespec.chain.batch_chain import score as score_batch
+        from moespec.cli.batch import score_table
+        from moespec.report.batch import goal_lines
 
-        payload = _write_batch(lambda: score_batch(prediction, measurement), score_table, BATCH_SCORE, out)
-        for line in score_lines(payload):
+        figure = out.with_suffix(".png")
+        payload = _write_versions(lambda: score_batch(prediction, measurement, out, figure), score_table, None, None,
+                                  out)
+        for line in goal_lines(payload):
             cli_console().print(line)
-        plot_schedule(payload, out.with_suffix(".png"))
-        cli_console().print(f"wrote {out.with_suffix('.png')}: k̂*(a, B) against a, one line per B")
+        cli_console().print(f"wrote {figure}: k̂*(a, B) against a, one line per B")
         return
     _write_versions(lambda: score_all(artifacts.load(prediction, KIND), measurement, kernel=kernel), _score_table,
                     "scored", SCORE_KIND, out)

@@ -30,6 +30,7 @@ Every function but score_schedule (measured throughputs, floats) is exact on int
 
 from __future__ import annotations
 
+import statistics
 from typing import Mapping, Sequence
 
 from moespec.costmodel.theory import best_draft_length, check_acceptance, check_step_times, throughput
@@ -114,7 +115,6 @@ def score_schedule(V_by_batch: Mapping[int, Sequence], measured: Mapping[int, Ma
                           "within_one": abs(k_hat - k_meas) <= 1, "loss": 1 - T[k_hat] / T[k_meas]})
     if not cells:
         raise ValueError("no (a, B) cell to score: give a sweep at one batch size or more")
-    losses = sorted(c["loss"] for c in cells)
+    losses = [c["loss"] for c in cells]
     return {"cells": cells, "within_one": sum(c["within_one"] for c in cells) / len(cells),
-            "loss_max": losses[-1], "loss_median": losses[len(losses) // 2] if len(losses) % 2
-            else (losses[len(losses) // 2 - 1] + losses[len(losses) // 2]) / 2}
+            "loss_max": max(losses), "loss_median": statistics.median(losses)}

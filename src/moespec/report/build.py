@@ -159,8 +159,8 @@ def build_report(run_dir: str | Path, out: str | Path = "report.html") -> Path:
                 fix=f"make every artifact in {run_dir} with one model, or move the others away")
     out = Path(out)
     summary = summary_blocks(run)
-    if "batch_score" in run:
-        summary += [b for b in batch_blocks(run["batch_score"]) if isinstance(b, str)]
+    batch_lines, batch_table = batch_blocks(run["batch_score"]) if "batch_score" in run else ([], None)
+    summary += batch_lines
     sides = _both_backends(run_dir, run)
     if sides is not None:
         summary.insert(0, sides)
@@ -172,7 +172,7 @@ def build_report(run_dir: str | Path, out: str | Path = "report.html") -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         sections.append(Section("Figures", _figures(run, Path(tmp))))
         tables = ([_table1(run["characterization"])] if "characterization" in run else []) + _score_tables(run)
-        tables += [b for b in batch_blocks(run["batch_score"]) if isinstance(b, Table)] if "batch_score" in run else []
+        tables += [batch_table] if batch_table is not None else []
         sections.append(Section("Tables", tables or ["no scored measurement yet"]))
         model = run.get("prediction", {}).get("model") or run.get("measurement", {}).get("model") or str(run_dir)
         return render(f"moespec report: {model}", sections, out)
