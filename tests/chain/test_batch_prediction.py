@@ -91,3 +91,26 @@ def test_where_no_draft_pays_is_reported_per_version():
         assert out["paying"][version]["no_draft_pays"] == {B: no_draft_pays(V[B]) for B in (1, 3)}
         assert out["paying"][version]["first_never_paying_batch"] == first_never_paying_batch(V)
     assert out["paying"]["timed"] == {"no_draft_pays": {1: False, 3: True}, "first_never_paying_batch": 3}
+
+
+def test_a_sweep_on_a_busy_machine_is_flagged_in_the_score_and_its_lines():
+    """Four repetitions of every (k, a) case; in the third every case ran at half speed (another job on
+    the cores): 1 of 4 rounds >= 25% slower is over the flag's tenth, so the score says so, and the
+    same sweep with that repetition at full speed is steady."""
+    from moespec.report.batch import goal_lines
+
+    char, trace, meas = _artifacts()
+    pred = predict_batch(char, trace, meas)
+
+    def samples(slow: float) -> dict:
+        return {case: [rate, rate, rate * slow, rate] for case, rate in (("0,None", 100.0), ("1,0.5", 120.0),
+                                                                          ("2,0.9", 150.0))}
+
+    for row in meas["by_batch"].values():
+        row["sweep"]["samples"] = samples(0.5)
+    busy = score_batch(pred, meas)
+    assert busy["steadiness"]["steady"] is False
+    assert any("moved while it was measured" in line and "batch sweep, B = 3" in line for line in goal_lines(busy))
+    for row in meas["by_batch"].values():
+        row["sweep"]["samples"] = samples(1.0)
+    assert score_batch(pred, meas)["steadiness"]["steady"] is True

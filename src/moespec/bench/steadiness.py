@@ -120,6 +120,19 @@ def sweep_rounds(measurement: Mapping[str, Any]) -> list[Phase]:
     return phases
 
 
+def batch_sweep_rounds(measurement: Mapping[str, Any]) -> list[Phase]:
+    """One phase per batch size of a batch measurement's sweep (`bench.batch_sweep`): points are its
+    (k, a) cases, rounds its repetitions (each runs every case once), the time a case's seconds per token."""
+    phases = []
+    for B, row in sorted(measurement.get("by_batch", {}).items(), key=lambda x: int(x[0])):
+        runs = [v for v in row["sweep"].get("samples", {}).values() if v]
+        reps = min((len(v) for v in runs), default=0)
+        if reps:
+            times = np.array([[1 / x if x > 0 else np.nan for x in v[:reps]] for v in runs])
+            phases.append(Phase(f"batch sweep, B = {B}", tuple(float(f) for f in round_factors(times))))
+    return phases
+
+
 def dense_rounds(characterization: Mapping[str, Any] | None) -> list[Phase]:
     """The dense products' rounds over every n (`bench.characterize.dense_times`), where timed."""
     dense = (characterization or {}).get("dense")
