@@ -114,3 +114,18 @@ def test_a_sweep_on_a_busy_machine_is_flagged_in_the_score_and_its_lines():
     for row in meas["by_batch"].values():
         row["sweep"]["samples"] = samples(1.0)
     assert score_batch(pred, meas)["steadiness"]["steady"] is True
+
+
+def test_a_version_with_a_step_time_at_or_below_zero_is_left_out_and_the_rest_scored(tmp_path):
+    """Dense products timed slower at one row than at two (noise at tiny widths) drive V̂_1(1) below
+    zero: the prediction version is reported unavailable with its reason, the timed one is still
+    scored and drawn."""
+    from moespec.report.figures import plot_schedule
+
+    char, trace, meas = _artifacts()
+    char["dense"]["median"] = {"1": 0.5, "2": 0.3, "4": 0.1, "9": 0.0}
+    out = predict_batch(char, trace, meas)
+    assert set(out["versions"]) == {"timed"} and "is not positive" in out["unavailable"]["prediction"]
+    score = score_batch(out, meas)
+    assert set(score["versions"]) == {"timed"}
+    assert plot_schedule(score, tmp_path / "s.png").stat().st_size > 1000

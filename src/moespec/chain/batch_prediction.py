@@ -58,7 +58,8 @@ def _dense(char: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
 def predict_batch(characterization, traces, measurement, *, sources: Mapping[str, str] | None = None) -> dict:
     """The "batch-predict" payload: {"versions": {"prediction" | "timed": {B: V̂_B(0..max_k) s}}, "unions":
     {B: {n: {"trace", "one_sequence", "uniform"}}} (mean over layers), "paying": {version: where no k
-    pays at any acceptance, and the batch size from which on}, ...} (module docstring)."""
+    pays at any acceptance, and the batch size from which on}, "unavailable": {version: why} for a
+    version with a step time <= 0, left out, ...} (module docstring)."""
     char = payload_of(characterization, "characterize")
     trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
     meas = payload_of(measurement, MEASURE_KIND)
@@ -92,11 +93,24 @@ def predict_batch(characterization, traces, measurement, *, sources: Mapping[str
                                          "one_sequence": float(np.mean(batch_union(trace, pass_tokens(B, k), 1))),
                                          "uniform": batch_union_uniform(k + 1, B, m, trace.num_experts)}
                      for k in range(max_k + 1)}
+    unavailable = {v: _nonpositive(V) for v, V in versions.items() if _nonpositive(V)}
+    versions = {v: V for v, V in versions.items() if v not in unavailable}
+    if not versions:
+        raise ValueError("no version of V̂_B is positive at every k: " + "; ".join(unavailable.values()))
     paying = {v: {"no_draft_pays": {B: no_draft_pays(V[B]) for B in sizes},
                   "first_never_paying_batch": first_never_paying_batch(V)} for v, V in versions.items()}
     return {"model": meas.get("model"), "provenance": {**shared, "trace": trace_fingerprint(trace)},
             "sources": dict(sources or {}), "sizes": sizes, "max_k": max_k, "kernel": COST_DEDUP,
-            "characterized_n": have, "versions": versions, "unions": unions, "paying": paying}
+            "characterized_n": have, "versions": versions, "unavailable": unavailable, "unions": unions,
+            "paying": paying}
+
+
+def _nonpositive(V: Mapping[int, list[float]]) -> str:
+    """Why a version's step times are no step times ("" when every V̂_B(k) > 0): at tiny widths and few
+    repetitions the fits' differences between pass sizes can be below their noise and turn V̂ negative,
+    as (22) can at B = 1 (`costmodel.predict.NonPositiveTime`)."""
+    bad = [(B, k, v) for B, row in V.items() for k, v in enumerate(row) if not v > 0]
+    return f"V̂_{bad[0][0]}({bad[0][1]}) = {bad[0][2]:.3g} s is not positive" if bad else ""
 
 
 def _n_text(have: list[int], need: list[int]) -> str:

@@ -31,7 +31,8 @@ def gguf_only(model: str | Path, option: str = "'--model'") -> Path:
 
 def prediction_table(payload: dict) -> Table:
     never = {v: p["first_never_paying_batch"] for v, p in payload.get("paying", {}).items()}
-    off = "; ".join(f"{v}: no draft pays from B = {B}" for v, B in never.items() if B is not None)
+    off = "; ".join([*(f"{v}: no draft pays from B = {B}" for v, B in never.items() if B is not None),
+                     *(f"{v} unavailable: {why}" for v, why in payload.get("unavailable", {}).items())])
     table = Table("B", "version", "V̂_B(0..k) ms", "U^B(k+1) trace / B=1 / uniform (at k = max)",
                   title=f"step times at batch size B, {payload.get('model')}", caption=off or None)
     for B in payload["sizes"]:

@@ -142,9 +142,11 @@ def plot_verify(versions: Mapping[str, Mapping[str, Any]], verify: Mapping[str, 
     return _save(fig, path)
 
 
-def plot_schedule(score: Mapping[str, Any], path: str | Path, version: str = "prediction") -> Path:
-    """Figure 7: k̂*(a, B) of `version` against a, one staircase per batch size B, the sweep's measured
-    best k as dots of the same colour (a "batch-score" payload, `chain.batch_prediction.score_batch`)."""
+def plot_schedule(score: Mapping[str, Any], path: str | Path, version: str | None = None) -> Path:
+    """Figure 7: k̂*(a, B) of `version` (default: "prediction", else the first scored) against a, one
+    staircase per batch size B, the sweep's measured best k as dots of the same colour (a "batch-score"
+    payload, `chain.batch_prediction.score_batch`)."""
+    version = version or ("prediction" if "prediction" in score["versions"] else next(iter(score["versions"])))
     cells_all = score["versions"][version]["cells"]
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=150)
     sizes = sorted({c["B"] for c in cells_all})
