@@ -34,7 +34,7 @@ from moespec import AutoK, OracleDraft, PromptLookup, artifacts, generate
 from moespec.bench.timing import Timing, measure
 from moespec.kernel_names import AUTO
 from moespec.models import load
-from moespec.models.text import training_text
+from moespec.texts import training_text
 
 PROMPT = "Speculative decoding drafts several tokens and verifies them in one pass of the target. "
 

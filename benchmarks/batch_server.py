@@ -26,7 +26,7 @@ the rounds' time after it (`BatchStats.total_s` starts after the prefill); llama
 Σ (predicted_n - 1) over the slowest slot's predicted_ms (its timings start at each slot's first
 token, which the prompt pass gives). The server gets the B prompts as one /completion request of B
 token-id lists (B tasks queued at once, a slot each), cache_prompt off, ignore_eos on. Wall rates
-(prefill, HTTP and all) are in the JSON too, with the machine's steadiness (`bench.steadiness`).
+(prefill, HTTP and all) are in the JSON too, with the machine's steadiness (`costmodel.steadiness`).
 Goals, on decode rates: moespec at k̂* >= 1.0x llama-server plain at every B; >= 1.1x llama-server's
 defaults where speculation pays at all (k̂*(a, B) >= 1). llama-server listens on 127.0.0.1 only,
 answers a bounded number of requests, each with a timeout, and is always stopped. Run it on an
@@ -58,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moespec.bench.steadiness import Phase, Steadiness, round_factors
+from moespec.costmodel.steadiness import Phase, Steadiness, round_factors
 
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # keep llama_cpp.py off `import llama_cpp`
@@ -222,7 +222,7 @@ def medians(samples: dict, field: str = "decode") -> dict[str, float]:
 
 
 def steadiness(name: str, samples: dict) -> Phase:
-    """The machine's speed at each repetition, read off every method's seconds per token (`bench.steadiness`)."""
+    """The machine's speed at each repetition, read off every method's seconds per token (`costmodel.steadiness`)."""
     times = np.array([[1 / x["decode"] for x in v] for v in samples.values()])  # [methods, reps]
     return Phase(name, tuple(float(f) for f in round_factors(times)))
 

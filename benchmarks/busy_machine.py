@@ -1,6 +1,6 @@
 """Does the chain notice a busy machine? The same `moespec demo` run twice, once on an idle machine and
 once while another job takes both cores for a few minutes, side by side: each run's calibrated
-scores and the steadiness check's verdict (`bench/steadiness.py`).
+scores and the steadiness check's verdict (`costmodel/steadiness.py`).
 
 The other job is LOAD_PROCESSES Python processes spinning on arithmetic, started LOAD_AT seconds into
 the run for LOAD_FOR seconds, as a second user's job would be. Both runs use fresh run folders on

@@ -29,10 +29,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    from moespec.bench.routing_agreement import compare
+    from moespec.checks.routing_agreement import compare
     from moespec.models import gguf
     from moespec.models.llama_convert import cache_dir
-    from moespec.moe.corpus import default_corpus
+    from moespec.texts import default_corpus
     from tests.converted import TYPES, build
 
     files = build(cache_dir() / "converted")

@@ -134,7 +134,7 @@ def medians(values: dict) -> dict:
 
 def byte_prompts(kind: str, count: int = 4, length: int = 256) -> list[str]:
     """Held-out text of one kind (never trained on), `count` pieces of `length` bytes."""
-    from moespec.models.text import CORPUS_HOLDOUT, corpus_documents, held_out
+    from moespec.texts import CORPUS_HOLDOUT, corpus_documents, held_out
 
     docs = [d for d in corpus_documents() if d.kind == kind and held_out(d.name, CORPUS_HOLDOUT)]
     text = "\n".join(d.text for d in docs)
@@ -146,7 +146,7 @@ def byte_prompts(kind: str, count: int = 4, length: int = 256) -> list[str]:
 def edit_requests(tok) -> list[tuple[str, list[int]]]:
     """SmolLM2's chat template around the built-in edit requests: (rendered text, the ids llama.cpp's
     tools give that text, with the file's own BOS rule and special tokens parsed)."""
-    from moespec.bench.prompts import chat_prompts
+    from moespec.texts import chat_prompts
 
     out = []
     for request in chat_prompts("edit"):
@@ -254,7 +254,7 @@ def part_agreement(f: dict, setting: str) -> dict:
     import torch
 
     from moespec.backends.exact import ExactPasses
-    from moespec.bench.pass_agreement import _agreement, fed_in_passes, pass_sizes, prefill_chunks
+    from moespec.checks.pass_agreement import _agreement, fed_in_passes, pass_sizes, prefill_chunks
 
     out = {}
     g = torch.Generator().manual_seed(0)
@@ -289,8 +289,8 @@ def _classes(classes) -> str:
 
 def part_divergence(f: dict) -> dict:
     """Greedy speculative output under llama.cpp's default settings against plain output."""
-    from moespec.bench import gate
-    from moespec.bench.llama_reference import llama_greedy
+    from moespec.checks import gate
+    from moespec.checks.llama_reference import llama_greedy
     from moespec.engine.proposers import PromptLookup
     from moespec.models.tokenizer import ByteTokenizer
 

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec import artifacts
-from moespec.bench.prompts import prompt_ids
+from moespec.texts import prompt_ids
 from moespec.bench.verify import default_flusher, time_passes
 from moespec.kernel_names import DEDUP, SLOT, ENGINE_KERNELS as KERNELS
 from moespec.models import load

@@ -5,7 +5,7 @@ trained:smollm2-draft.
 Parts (each writes its own JSON under --out, so an interrupted run keeps the parts it finished):
 
 1. acceptance: greedy acceptance by draft position (k = 8) of trained:smollm2-draft against SmolLM2
-   on held-out text (`models.text`'s held-out documents, which neither the draft nor this run
+   on held-out text (`texts`'s held-out documents, which neither the draft nor this run
    trained on): --prompts windows of PROMPT_TOKENS tokens per kind, --tokens new tokens each;
 2. greedy: on every built-in chat request (edit and open), greedy speculative tokens (lookup k = 4
    and auto, draft k = 3 and auto) against transformers' greedy `generate`, token for token;
@@ -39,12 +39,12 @@ from rich.progress import track
 from rich.table import Table
 
 from moespec import artifacts
-from moespec.bench.prompts import CHAT_KINDS, chat_ids, chat_prompts
+from moespec.texts import CHAT_KINDS, chat_ids, chat_prompts
 from moespec.engine.decode import generate
-from moespec.bench.gate import run_level3
+from moespec.checks.gate import run_level3
 from moespec.engine.proposers import PromptLookup
 from moespec.models import load, trained
-from moespec.models.text import training_text
+from moespec.texts import training_text
 from moespec.models.train import vocabulary
 
 PROMPT_TOKENS = 128

@@ -4,7 +4,7 @@ The cost model's V(k) has no a in it: a step verifies k + 1 tokens of the text w
 accepted. The gap goal (the sweep's best speedup within 5% of G_a(k)V(0)/V(k), V pooled over every
 acceptance) assumes the same. This reads a run folder's `measurement.json` and prints, for each
 prompt and acceptance, the geometric mean over k = 1..8 of the cell's step time on that prompt
-(`bench.sweep_cells.step_time` of the prompt's runs) over the prompt's V(k) pooled over acceptances; 1.000
+(`costmodel.sweep_cells.step_time` of the prompt's runs) over the prompt's V(k) pooled over acceptances; 1.000
 everywhere is a step time without an a. With `--model`, it also decodes each prompt's greedy
 continuation (the text every step verifies) and counts its distinct tokens: a continuation that
 cycles through a few ids routes every window to few experts. Before the oracle marked its wrong
@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moespec import artifacts
-from moespec.bench.sweep_cells import step_time
+from moespec.costmodel.sweep_cells import step_time
 from moespec.kernel_names import DEDUP
 
 
@@ -49,7 +49,7 @@ def ratios(entry: dict, prompts: int) -> dict[int, dict[float, float]]:
 
 def distinct_tokens(model_spec: str, depth: int, prompts: int, length: int = 80) -> list[int]:
     """Distinct ids among the first `length` greedy tokens after each built-in prompt cut to `depth`."""
-    from moespec.bench.prompts import prompt_ids, vocab_limit
+    from moespec.texts import prompt_ids, vocab_limit
     from moespec.bench.verified_text import greedy_continuation
     from moespec.models import load
 

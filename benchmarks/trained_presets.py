@@ -1,6 +1,6 @@
 """The trained presets: held-out quality, the draft's acceptance, trained reuse and the K-sweep.
 
-Everything is read on text the presets never trained on (`models.text`'s held-out documents, and
+Everything is read on text the presets never trained on (`texts`'s held-out documents, and
 the built-in prompts, which are not in the training text):
 
 1. quality: held-out bits per byte of each preset (re-scored here, as the manifest's), and the
@@ -33,7 +33,7 @@ from moespec.bench.verify import run_scaling
 from moespec.engine.proposers import DraftModel, PromptLookup
 from moespec.kernel_names import AUTO
 from moespec.models import load
-from moespec.models.text import training_text
+from moespec.texts import training_text
 from moespec.models.train import bits_per_byte
 from moespec.moe.reuse import analyze, uniform_reuse
 from moespec.moe.routing import record_to_file

@@ -37,9 +37,9 @@ TORCH_FREE = [
     "moespec.report.html",
     "moespec.report.plotting",
     "moespec.chain.prediction",
-    "moespec.bench.prompts",
-    "moespec.bench.sweep_cells",
-    "moespec.bench.verify_times",
+    "moespec.texts",
+    "moespec.costmodel.sweep_cells",
+    "moespec.costmodel.verify_times",
     "moespec.moe.reuse",
     "moespec.moe.traces",
 ]

@@ -8,7 +8,7 @@ import moespec
 
 SRC = Path(moespec.__file__).parent
 # Top to bottom; the single-file modules at the package root form the lowest layer.
-LAYERS = ["cli", "chain", "report", "bench", "costmodel", "engine", "models", "backends", "moe", "data"]
+LAYERS = ["cli", "chain", "report", "bench", "checks", "costmodel", "engine", "models", "backends", "moe", "data"]
 ROOT = len(LAYERS)
 
 

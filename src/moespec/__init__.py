@@ -26,7 +26,7 @@ _ENGINE = {
     "OracleDraft": "moespec.engine.proposers",
     "PromptLookup": "moespec.engine.proposers",
     "GenerationResult": "moespec.engine.stats",
-    "run_gate": "moespec.bench.gate",
+    "run_gate": "moespec.checks.gate",
     "fast_linear": "moespec.moe.dense",
 }
 

@@ -1,5 +1,5 @@
 """exact=True (`backends.exact`): every pass computes one function. Measured directly on the logits
-with `bench.pass_agreement`, not through greedy tokens (near-ties are rare at short depths, so equal
+with `checks.pass_agreement`, not through greedy tokens (near-ties are rare at short depths, so equal
 tokens would prove little): text after a 600-token prefill, fed in passes of 1, 2, 3, 5 and 9 tokens,
 on the f32 export (llamafile's sgemm takes passes of two or more tokens, ggml's dot products one)."""
 
@@ -8,7 +8,7 @@ import torch
 
 from moespec.backends import llama_lib
 from moespec.backends.exact import ExactPasses, exact_llama_environment
-from moespec.bench.pass_agreement import cuts, pass_sizes, prefill_chunks
+from moespec.checks.pass_agreement import cuts, pass_sizes, prefill_chunks
 from moespec.models import load
 from moespec.models.train import heldout_slice
 

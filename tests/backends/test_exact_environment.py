@@ -28,7 +28,7 @@ CHILD = """
 import json, os, sys
 from moespec.backends.exact import ExactPasses
 from moespec.backends.llama_model import LlamaModel
-from moespec.bench.pass_agreement import pass_sizes
+from moespec.checks.pass_agreement import pass_sizes
 from moespec.models import load
 
 path, exact, prompt, text, sizes = json.loads(sys.argv[1])

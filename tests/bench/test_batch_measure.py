@@ -13,7 +13,7 @@ class Stop(Exception):
 
 @pytest.fixture(scope="module")
 def setup(gguf_files):
-    from moespec.bench.prompts import batch_prompt_ids
+    from moespec.texts import batch_prompt_ids
     from moespec.models.specs import load
 
     path = gguf_files["olmoe-q8_0"]

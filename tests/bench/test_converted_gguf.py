@@ -19,7 +19,7 @@ TOKENS = 300  # tokens read by both engines: 300 x 2-3 layers = 600-900 (token, 
 @pytest.fixture(scope="module")
 def token_ids(converted):
     """TOKENS ids of SmolLM2's tokenizer on text written here (code and prose), the same for every file."""
-    from moespec.moe.corpus import default_corpus
+    from moespec.texts import default_corpus
     from moespec.models import gguf
 
     tok = gguf.tokenizer(gguf.SMOLLM2)
@@ -34,7 +34,7 @@ def test_llama_cpp_routes_as_transformers_up_to_near_ties(converted, token_ids, 
     where they differ, the router was at a near tie: its m-th and (m+1)-th scores closer than a quarter
     of the median gap (measured: under a tenth). A wrong layer, expert order or score would differ at
     ordinary margins, on far more pairs."""
-    from moespec.bench.routing_agreement import compare
+    from moespec.checks.routing_agreement import compare
 
     a = compare(converted[arch]["checkpoint"], converted[arch][kind], token_ids, threads=1)
     assert a.tokens == TOKENS and a.layers == gguf_info.layout(converted[arch][kind]).num_layers

@@ -8,9 +8,9 @@ import torch
 
 from moespec.pointlog import PointLog
 from moespec.bench.prefilled import PrefilledTarget
-from moespec.bench.prompts import prompt_ids
+from moespec.texts import prompt_ids
 from moespec.bench.sweep import oracle_points, run_draft, run_oracle
-from moespec.bench.sweep_cells import SweepCell, resample_throughput, step_time
+from moespec.costmodel.sweep_cells import SweepCell, resample_throughput, step_time
 from moespec.kernel_names import DEDUP, ENGINE_KERNELS as KERNELS
 from moespec.backends.torch_model import CachedModel
 from moespec.engine.decode import generate

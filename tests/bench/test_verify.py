@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from moespec.pointlog import PointLog
-from moespec.bench.prompts import prompt_ids, prompt_texts
+from moespec.texts import prompt_ids, prompt_texts
 from moespec.bench.verify import run_scaling, run_verify
-from moespec.bench.verify_times import ScalingCurve, VerifyTimes, bootstrap_saving
+from moespec.costmodel.verify_times import ScalingCurve, VerifyTimes, bootstrap_saving
 from moespec.kernel_names import DEDUP, SLOT
 from moespec.models.synthetic import build
 from moespec.models.tokenizer import ByteTokenizer
@@ -66,7 +66,7 @@ def test_pass_time_averages_the_prompts_medians_where_the_pooled_median_falls_be
     """Two prompts whose passes form two clusters (40 and 54 ms): the pooled median of an even
     count lies between the clusters' inner tails, set by two outliers; the pass time is the mean
     of the two prompts' medians, whatever those tails do."""
-    from moespec.bench.verify_times import pass_time
+    from moespec.costmodel.verify_times import pass_time
 
     low = [0.039, 0.040, 0.040, 0.041, 0.049]  # one slow outlier
     high = [0.042, 0.054, 0.054, 0.055, 0.056]  # one fast outlier
@@ -255,7 +255,7 @@ def test_verified_text_is_the_targets_greedy_continuation(tiny):
 
 
 def test_verify_times_the_operation_on_each_passs_own_window(tiny, tmp_path):
-    from moespec.bench.prompts import continuation_length
+    from moespec.texts import continuation_length
     from moespec.bench.verify import verified_routing
 
     model, tok = tiny

@@ -16,7 +16,7 @@ from moespec.chain.prediction import (nearest_layers, predict_all, predict_from_
 from moespec.chain.scoring import score_all, score_from_artifacts
 from moespec.bench.measure_base import HSource
 from moespec.chain.versions import CalibratedOn, Unavailable, VersionUnavailable, WindowSource
-from moespec.bench.verify_times import VerifyTimes
+from moespec.costmodel.verify_times import VerifyTimes
 from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import ACCEPTANCE_GRID, VERSIONS
 from moespec.kernel_names import DEDUP, SLOT

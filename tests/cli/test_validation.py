@@ -129,7 +129,7 @@ def test_debug_shows_the_traceback_and_bugs_keep_theirs(tmp_path, monkeypatch):
     def bug(*a, **k):
         raise AssertionError("an internal invariant")
 
-    monkeypatch.setattr("moespec.moe.corpus.read_corpus", bug)
+    monkeypatch.setattr("moespec.texts.read_corpus", bug)
     assert isinstance(runner.invoke(app, args).exception, AssertionError)
 
 

@@ -10,7 +10,7 @@ import torch
 from moespec.backends.exact import ExactPasses, exact_llama_environment
 from moespec.backends.llama_batch import LlamaBatch
 from moespec.backends.llama_model import LlamaModel
-from moespec.bench.gate import two_sample
+from moespec.checks.gate import two_sample
 from moespec.engine.batch import generate_batch
 from moespec.engine.decode import generate
 from moespec.engine.proposers import OracleDraft, PromptLookup

@@ -4,7 +4,7 @@ draft, mixed backends included; the statistics carry the same fields as on torch
 
 import pytest
 
-from moespec.bench.llama_reference import llama_greedy
+from moespec.checks.llama_reference import llama_greedy
 from moespec.engine.decode import generate
 from moespec.engine.proposers import OracleDraft, PromptLookup
 from moespec.models import load

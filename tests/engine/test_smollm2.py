@@ -5,9 +5,9 @@ token for token; sampled output must pass the gate's two-sample test against tar
 import pytest
 import torch
 
-from moespec.bench.prompts import chat_ids, chat_prompts
+from moespec.texts import chat_ids, chat_prompts
 from moespec.engine.decode import generate
-from moespec.bench.gate import run_level3
+from moespec.checks.gate import run_level3
 from moespec.engine.proposers import PromptLookup
 from moespec.models import load
 

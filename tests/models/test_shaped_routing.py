@@ -2,7 +2,8 @@
 
 
 from moespec.models import synthetic
-from moespec.moe import corpus, routing
+from moespec import texts as corpus
+from moespec.moe import routing
 from moespec.moe.traces import reuse
 
 

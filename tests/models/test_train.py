@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from moespec.models import text, train
+from moespec import texts as text
+from moespec.models import train
 from moespec.models.train import RECIPES
 
 TINY = dataclasses.replace(RECIPES["tiny-moe"], steps=12, checkpoint_every=4, lr=1e-2)

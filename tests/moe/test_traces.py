@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from moespec.moe import synthetic_routing as sr
-from moespec.moe.corpus import MIN_DOC_BYTES, default_corpus, split_documents
+from moespec.texts import MIN_DOC_BYTES, default_corpus, split_documents
 from moespec.moe.reuse import ReuseAnalysis
 from moespec.moe.traces import (
     RoutingTrace, TraceWriter, analyze, distinct_share, e_dedup, e_slot, mean_union, reuse, rho_bar, u_bar,

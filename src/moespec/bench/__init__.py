@@ -1,1 +1,1 @@
-"""Measurement: timing, the expert-operation benchmark, verify times, sweeps, the losslessness gate."""
+"""Measurement: timing, the expert-operation benchmark, characterization, verify times, sweeps."""

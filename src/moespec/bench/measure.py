@@ -25,8 +25,8 @@ from moespec import artifacts
 from moespec.bench import sweep, verify
 from moespec.models.lineage import PER_POINT, check_chain, of_model
 from moespec.bench.measure_base import base_knobs, base_payload
-from moespec.bench.prompts import PROMPT_COUNT, STRIDE, continuation_length
-from moespec.bench.verify_times import ScalingCurve
+from moespec.texts import PROMPT_COUNT, STRIDE, continuation_length
+from moespec.costmodel.verify_times import ScalingCurve
 from moespec.costmodel.predict import ACCEPTANCE_GRID
 from moespec.kernel_names import DEDUP, ENGINE_KERNELS
 from moespec.pointlog import PointLog

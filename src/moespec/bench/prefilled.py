@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from moespec.backends.protocol import GreedyByLogits, as_spec_model, output_rows
-from moespec.bench.prompts import PREFILL_CHUNK, prompt_ids
+from moespec.texts import PREFILL_CHUNK, prompt_ids
 from moespec.device import synchronize
 from moespec.kernel_names import DEDUP, SLOT
 

@@ -32,8 +32,8 @@ import torch
 
 from moespec.pointlog import OnPoint, logged_point
 from moespec.bench.prefilled import PrefilledPrompts, switch_kernel
-from moespec.bench.prompts import vocab_limit
-from moespec.bench.sweep_cells import SweepCell
+from moespec.texts import vocab_limit
+from moespec.costmodel.sweep_cells import SweepCell
 from moespec.costmodel.predict import ACCEPTANCE_GRID
 from moespec.engine.decode import generate
 from moespec.kernel_names import DEDUP, ENGINE_KERNELS

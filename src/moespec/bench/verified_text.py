@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from moespec.bench.prefilled import avoid_slot_prefill
-from moespec.bench.prompts import prompt_ids, vocab_limit
+from moespec.texts import prompt_ids, vocab_limit
 from moespec.engine.decode import generate
 
 

@@ -28,10 +28,10 @@ import torch
 from moespec.pointlog import OnPoint, logged_point
 from moespec.backends.protocol import as_spec_model
 from moespec.bench.prefilled import avoid_slot_prefill, switch_kernel
-from moespec.bench.prompts import PREFILL_CHUNK, PROMPT_COUNT, STRIDE, continuation_length, prompt_ids
+from moespec.texts import PREFILL_CHUNK, PROMPT_COUNT, STRIDE, continuation_length, prompt_ids
 from moespec.bench.verified_text import verified_texts
 from moespec.bench.timing import CacheFlusher, ModuleClock, Timing, measure
-from moespec.bench.verify_times import ScalingCurve, VerifyTimes
+from moespec.costmodel.verify_times import ScalingCurve, VerifyTimes
 from moespec.kernel_names import DEDUP, ENGINE_KERNELS, TO_COST
 from moespec.moe.experts import find_experts
 

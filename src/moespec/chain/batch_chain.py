@@ -1,7 +1,7 @@
 """The chain at batch size B on a GGUF file as steps (name, artifact, work): `moespec batch` runs them,
 and so does `moespec demo` on llama.cpp after its B = 1 chain (`report.build` shows the result).
 
-1. routing: a trace of many short documents (`moe.corpus.spread`, at most `DOC_TOKENS` each), so
+1. routing: a trace of many short documents (`texts.spread`, at most `DOC_TOKENS` each), so
    that the union of B windows from distinct documents has documents enough (`moe.batch_union`);
 2. characterization of the file's expert operation and dense products at n = 1..9 and every pass
    size B(k + 1) the batch sizes need (`batch_prediction.pass_sizes`);
@@ -61,7 +61,7 @@ def batch_steps(gguf: str | Path, out: Path, knobs: BatchKnobs, *, progress: boo
     from moespec.bench.characterize import characterize
     from moespec.chain.batch_prediction import KIND, pass_sizes, predict_batch
     from moespec.chain.llama_inputs import record_gguf_routing
-    from moespec.moe.corpus import default_corpus, spread
+    from moespec.texts import default_corpus, spread
 
     p = out.joinpath
     ns = sorted(set(range(1, 10)) | set(pass_sizes(knobs.sizes, knobs.max_k)))
@@ -110,7 +110,7 @@ def measure(gguf: str | Path, out: Path, knobs: BatchKnobs, *, progress: bool = 
     from rich.progress import Progress
 
     from moespec.bench.batch_measure import measure_batch
-    from moespec.bench.prompts import batch_prompt_ids
+    from moespec.texts import batch_prompt_ids
     from moespec.models.specs import load
 
     _, tok = load(str(gguf), backend="llama.cpp", threads=knobs.threads)

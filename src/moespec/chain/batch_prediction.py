@@ -16,7 +16,7 @@ V at B = 1 (`costmodel.batch.step_times`), from
 "timed" is the measured counterpart, τ_B(k + 1) + h_B(k) with the passes timed alone. `score_batch`
 scores each version's k̂*(a, B) against the sweep (`costmodel.batch.score_schedule`), out of sample:
 no prediction read the sweep's runs; and says whether the machine was steady during the sweep
-(`bench.steadiness`: its repetitions as rounds), so a busy machine's score is flagged.
+(`costmodel.steadiness`: its repetitions as rounds), so a busy machine's score is flagged.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from moespec.bench.batch_measure import KIND as MEASURE_KIND, timed_step_times
-from moespec.bench.steadiness import Steadiness, batch_sweep_rounds
+from moespec.costmodel.steadiness import Steadiness, batch_sweep_rounds
 from moespec.chain.prediction import _fits, nearest_layers, payload_of
 from moespec.costmodel.batch import (first_never_paying_batch, no_draft_pays, pass_tokens, score_schedule,
                                      step_times)

@@ -14,7 +14,7 @@ TRAINED_ROUTING_TOKENS = 8192  # covers every position the demo decodes at (the 
 
 
 def _trace(net, tok, config: DemoConfig, path: Path) -> None:
-    from moespec.moe.corpus import default_corpus
+    from moespec.texts import default_corpus
     from moespec.moe.routing import record_to_file, tokenize
 
     docs = tokenize(tok, default_corpus(), config.trace_tokens)
@@ -24,7 +24,7 @@ def _trace(net, tok, config: DemoConfig, path: Path) -> None:
 def _trace_trained(path: Path) -> None:
     """The routing trained:olmoe chose on the shipped corpus, for the target to replay."""
     from moespec.models import load
-    from moespec.moe.corpus import default_corpus
+    from moespec.texts import default_corpus
     from moespec.moe.routing import record_to_file, tokenize
 
     net, tok = load(TRAINED_ROUTER)
@@ -40,7 +40,7 @@ def _measure_config(config: DemoConfig):
 
 def _verified_length(config: DemoConfig) -> int:
     """Tokens of each prompt's continuation that the verify passes read (`prompts.continuation_length`)."""
-    from moespec.bench.prompts import continuation_length
+    from moespec.texts import continuation_length
 
     m = _measure_config(config)
     return continuation_length(m.reps, max(m.ns), m.stride)

@@ -67,7 +67,7 @@ def record_gguf_routing(gguf: str | Path, out: str | Path, *, texts: Sequence[tu
     tokens) written; `on_tokens(t)` after each pass of t tokens."""
     from moespec.backends.llama_routing import RoutingModel
     from moespec.backends.llama_tokenizer import LlamaTokenizer
-    from moespec.moe.corpus import default_corpus
+    from moespec.texts import default_corpus
     from moespec.moe.routing import tokenize
 
     lay = gguf_info.layout(gguf)  # refuses a dense or unreadable file before llama.cpp loads it

@@ -23,10 +23,10 @@ import numpy as np
 
 from moespec import artifacts
 from moespec.models.lineage import check_chain
-from moespec.bench.prompts import verified_depth
+from moespec.texts import verified_depth
 from moespec.bench.measure_base import HSource
 from moespec.chain.versions import CalibratedOn, Unavailable, VersionUnavailable, WindowSource
-from moespec.bench.verify_times import VerifyTimes, pass_time
+from moespec.costmodel.verify_times import VerifyTimes, pass_time
 from moespec.costmodel.fit import ExpertFit
 from moespec.costmodel.predict import (ACCEPTANCE_GRID, VERSIONS, NonPositiveTime, Prediction, predict,
                                        preferred_version, window_times)
@@ -209,7 +209,7 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
 def _outside(base: BaseInputs, char: Mapping[str, Any], ns: list[int]) -> tuple[dict[int, float], str]:
     """(o(n), where it comes from): on torch, over the per-slot verify passes, each pass's time minus
     its time inside the experts modules, summarized as the verify times are
-    (`bench.verify_times.pass_time`), "passes"; on llama.cpp, whose graph has no such split, the
+    (`costmodel.verify_times.pass_time`), "passes"; on llama.cpp, whose graph has no such split, the
     characterization's D(n), the file's dense products timed alone (`bench.ggml_dense_op`),
     "dense-ops": o(n) up to a constant, which g(n) = o(n) − o(1) drops."""
     split = base.slot_outside or {}

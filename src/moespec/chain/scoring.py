@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from moespec.bench.sweep_cells import cell_throughput, resample_throughput
+from moespec.costmodel.sweep_cells import cell_throughput, resample_throughput
 from moespec.chain import prediction as _prediction
 from moespec.chain.prediction import KIND, _get, _verify_at, payload_of
 from moespec.chain.versions import Unavailable, VersionUnavailable
@@ -78,10 +78,10 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
 def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str = "dedup", characterization=None,
               measurement_base=None) -> dict[str, Any]:
     """Every available version at every depth scored: the "score" payload, unavailable entries as in predict's,
-    and whether the machine was steady while it was measured (`bench.steadiness`: the sweep, the base
+    and whether the machine was steady while it was measured (`costmodel.steadiness`: the sweep, the base
     measurement's verify passes (else the measurement's), the characterization's dense products, when given).
     Refused unless the prediction and the measurement describe one model (`models.lineage.check_chain`)."""
-    from moespec.bench.steadiness import check
+    from moespec.costmodel.steadiness import check
 
     meas = payload_of(measurement, "measure")
     pred = payload_of(prediction_payload, KIND)

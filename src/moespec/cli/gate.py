@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from moespec.bench.prompts import PROMPT_COUNT
+from moespec.texts import PROMPT_COUNT
 from moespec.cli.app import app, cli_console
 from moespec.cli.checks import MAX_DRAFT, backend_name, draft_length, interval, model_spec, output_file
 from moespec.cli.loading import BACKEND_HELP, load_model
@@ -28,7 +28,7 @@ def _test(c) -> str:
 
 def _rows(result) -> list[tuple[str, str, str, str]]:
     """The verdict table of a GateResult: (level, check, figure, verdict)."""
-    from moespec.bench.gate import EXACT_TOL, LEVEL1_ALPHA
+    from moespec.checks.gate import EXACT_TOL, LEVEL1_ALPHA
 
     l1, l2, l3 = result.level1, result.level2, result.level3
     worst, err = min(l1.fit, key=lambda f: l1.fit[f].pvalue), max(l1.max_error.values())
@@ -94,7 +94,7 @@ def gate_cmd(
     """Check that speculative decoding of this pair is lossless; exit 1 if any level fails."""
     from moespec import artifacts
     from moespec.engine.decode import check_pairing
-    from moespec.bench.gate import run_gate
+    from moespec.checks.gate import run_gate
 
     console = cli_console()
     model, tok = load_model(target, backend, threads=threads, exact=exact)

@@ -121,7 +121,7 @@ def generate_cmd(
     from moespec.engine.decode import check_pairing, generate
     from moespec.engine.proposers import OracleDraft, PromptLookup
     from moespec.models.specs import resolve_backend
-    from moespec.moe.corpus import read_text
+    from moespec.texts import read_text
 
     if sum(x is not None for x in (draft, prompt_lookup, oracle_acceptance)) > 1:
         raise typer.BadParameter("choose at most one of --draft, --prompt-lookup, --oracle-acceptance")
@@ -154,7 +154,7 @@ def generate_cmd(
         proposer = OracleDraft(oracle_acceptance, seed=seed)
 
     if chat:
-        from moespec.bench.prompts import chat_ids
+        from moespec.texts import chat_ids
 
         try:
             input_ids = chat_ids(tok, text)

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from moespec.bench.measure_base import H_PROBE_ACCEPTANCE
-from moespec.bench.prompts import PROMPT_COUNT
+from moespec.texts import PROMPT_COUNT
 from moespec.cli.app import app, cli_console
 from moespec.cli.checks import MAX_DRAFT, ROUTING_HELP, interval, model_spec, output_file, routing_file
 from moespec.cli.characterize import parse_layers

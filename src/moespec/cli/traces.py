@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from moespec import artifacts
-from moespec.bench.prompts import PROMPT_COUNT
+from moespec.texts import PROMPT_COUNT
 from moespec.cli import checks
 from moespec.cli.app import app, cli_console
 from moespec.cli.checks import ROUTING_HELP, backend_name, interval, model_spec, output_file, routing_file
@@ -79,7 +79,7 @@ def trace(
                                           help="llama.cpp's threads (default: all cores)"),
 ) -> None:
     """Record the experts each token selects in every MoE layer, reading a corpus by teacher forcing."""
-    from moespec.moe.corpus import default_corpus, read_corpus
+    from moespec.texts import default_corpus, read_corpus
 
     texts = read_corpus(corpus) if corpus else default_corpus()
     names = [str(p) for p in corpus] if corpus else ["moespec:data/corpus"]
@@ -147,7 +147,7 @@ def trace_verified(
     target's greedy continuation of the prompt's first d tokens, as long as the verify passes read.
     Give it to `moespec characterize --verified` and `moespec measure --verified`: the expert
     operation is timed on those windows."""
-    from moespec.bench.prompts import continuation_length
+    from moespec.texts import continuation_length
     from moespec.bench.verify import verified_routing
     from moespec.models import load
 

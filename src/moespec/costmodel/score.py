@@ -21,7 +21,7 @@ kernel. Definitions follow the paper:
   and the oracle gap: the sweep's best speedup over the one those step times imply, minus 1.
 
 The sweep's own noise: given bootstrap resamples of the measured throughput (the sweep's passes
-drawn with replacement, `bench.sweep_cells.resample_throughput`), the count of k̂* within one, the
+drawn with replacement, `costmodel.sweep_cells.resample_throughput`), the count of k̂* within one, the
 largest loss and the largest |oracle gap| are recomputed on each resample, k* included, and
 reported with a 95% percentile interval; the *loss floor* is the 95th percentile of the largest loss that the measured
 best k* itself shows on a resample, what an exact prediction of the measured staircase would be

@@ -12,7 +12,9 @@ from typing import Sequence
 
 import torch
 
-BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
+from moespec.texts import BOS_ID
+
+EOS_ID, PAD_ID = BOS_ID + 1, BOS_ID + 2
 MARKER_FILE = "moespec_tokenizer.json"  # names the tokenizer of a checkpoint folder moespec wrote
 SPECIALS = {"<bos>": BOS_ID, "<eos>": EOS_ID, "<pad>": PAD_ID}
 

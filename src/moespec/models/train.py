@@ -4,7 +4,7 @@ A `Recipe` is a transformers config plus the optimisation settings and its vocab
 tokenizer (`trained:olmoe`, `trained:draft`) or SmolLM2's (`trained:smollm2-draft`, read from the
 installed GGUF file; documents are tokenized once and cached). `train` runs it: windows of
 `seq` tokens drawn by a seeded generator (`corpus_share` of them from the shipped corpus, the rest
-from the standard library; `models.text` holds documents back), AdamW with warm-up and cosine decay,
+from the standard library; `texts` holds documents back), AdamW with warm-up and cosine decay,
 OLMoE's router load-balancing loss where the model has one, and for a draft the target's
 distribution as the label (`teacher`: the draft learns to agree with the target it will draft
 for; with `init_embedding="teacher-layers"` the draft takes the teacher's shape, its embedding,
@@ -34,7 +34,7 @@ import transformers
 
 from moespec.cache import cache_dir
 from moespec.models.heldout import agreement, bits_per_byte  # noqa: F401 (also moespec.models.train's API)
-from moespec.models.text import CORPUS_HOLDOUT, TextSplit, corpus_documents, held_out, training_text
+from moespec.texts import CORPUS_HOLDOUT, TextSplit, corpus_documents, held_out, training_text
 from moespec.models.tokenizer import BOS_ID, EOS_ID, MARKER_FILE, PAD_ID, ByteTokenizer
 
 VOCAB = 272  # the byte tokenizer's ids padded to a multiple of 16, as in the synthetic presets

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from moespec.moe.corpus import default_corpus, read_corpus  # noqa: F401  (public re-export)
+from moespec.texts import default_corpus, read_corpus  # noqa: F401  (public re-export)
 from moespec.moe.reuse import (  # noqa: F401  (public re-export)
     ReuseAnalysis,
     analyze,

@@ -11,7 +11,7 @@ from moespec.report.html import Table
 
 def goal_lines(score: dict[str, Any]) -> list[str]:
     """A line per version with the issue's goals (k̂* within one at >= 90% of the (a, B) cells, loss
-    <= 5%), then whether the machine was steady during the sweep (`bench.steadiness`), the fix if not."""
+    <= 5%), then whether the machine was steady during the sweep (`costmodel.steadiness`), the fix if not."""
     lines = [f"at batch size B ({version}): k̂*(a, B) within one of the sweep's best in {s['within_one']:.0%} of "
              f"{len(s['cells'])} (a, B) cells (goal >= 90%), throughput lost at k̂* median {s['loss_median']:.1%}, "
              f"largest {s['loss_max']:.1%} (goal <= 5%)" for version, s in score["versions"].items()]

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from moespec.bench.sweep_cells import cell_throughput
+from moespec.costmodel.sweep_cells import cell_throughput
 from moespec.report.html import Table, Verdict
 
 LOSS_GOAL, TAU_GOAL, GAP_GOAL = 0.05, 0.10, 0.05  # the project's goals; k̂* within one at >= A − 1 of A
@@ -151,7 +151,7 @@ def _noise(scored: list) -> Table | None:
 
 
 def _steadiness(run: dict) -> list:
-    """The machine's speed round by round in each timing phase (`bench.steadiness`), and, when it
+    """The machine's speed round by round in each timing phase (`costmodel.steadiness`), and, when it
     moved enough to spoil the scores, the warning with the figure and the fix."""
     found = run.get("score", {}).get("steadiness")
     if not found:

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 import moespec.cli.main  # noqa: F401  (registers the commands)
 from moespec.cli.app import app
-from moespec.bench import gate
+from moespec.checks import gate
 from moespec.engine import sampling
 from moespec.models import load
 

@@ -206,7 +206,7 @@ def _pass_size_margins(target, prompt: list[int], tokens: list[int], limit: int)
     in one-token passes (plain decoding) and in two-token passes (`pass_agreement.cuts`; a verify
     pass), and whether the argmax moves between the two."""
     from moespec.backends.protocol import as_spec_model
-    from moespec.bench.pass_agreement import fed_in_passes, margins
+    from moespec.checks.pass_agreement import fed_in_passes, margins
 
     m = as_spec_model(target)
     m.reset()
@@ -325,7 +325,7 @@ def _hf_greedy(model, prompt: list[int], n: int, vocab_limit: int, eos: int | No
 
 def _prompt_ids(tokenizer, prompts, length: int) -> list[list[int]]:
     """None or a count: the built-in prompts cut to `length` tokens; else the given texts or id lists."""
-    from moespec.bench.prompts import prompt_ids
+    from moespec.texts import prompt_ids
 
     if prompts is None or isinstance(prompts, int):
         return prompt_ids(tokenizer, length, 4 if prompts is None else prompts)

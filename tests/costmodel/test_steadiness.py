@@ -1,10 +1,10 @@
-"""The machine-steadiness check (`bench.steadiness`): the speed factor of each round recovered exactly
+"""The machine-steadiness check (`costmodel.steadiness`): the speed factor of each round recovered exactly
 from timings made of known factors, the verdict's threshold, and the check over a run's artifacts."""
 
 import numpy as np
 import pytest
 
-from moespec.bench.steadiness import FIX, SLOW, SLOW_SHARE, Phase, check, round_factors
+from moespec.costmodel.steadiness import FIX, SLOW, SLOW_SHARE, Phase, check, round_factors
 
 
 def test_round_factors_recover_each_rounds_speed():

@@ -6,7 +6,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moespec.models import text
+from moespec import texts as text
 
 
 def _fake_stdlib(root: Path, count: int = 200) -> Path:
