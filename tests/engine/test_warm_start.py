@@ -208,20 +208,22 @@ def test_each_model_and_proposer_states_its_own_key(pair, store, table_lm):
     assert _warm(out)["source"] is None and not store.exists()
 
 
-@pytest.mark.parametrize("text", [
-    "{not json",
-    "\xff\xfe",  # not UTF-8
-    json.dumps([1, 2]),
-    json.dumps({"version": 1, "entries": {"x": {"key": {}, "measured": {"1": -0.5}, "written": 1.0}}}),
+@pytest.mark.parametrize("text, said", [
+    ("{not json", "ignoring the step-time store {store} ("),
+    ("\xff\xfe", "ignoring the step-time store {store} ("),  # not UTF-8
+    (json.dumps([1, 2]), "ignoring the step-time store {store} ("),
+    # a malformed entry is dropped alone (issue: one bad entry must not discard the whole store)
+    (json.dumps({"version": 1, "entries": {"x": {"key": {}, "measured": {"1": -0.5}, "written": 1.0}}}),
+     "dropping 1 malformed entry of the step-time store {store} (x)"),
 ])
-def test_a_corrupt_store_warns_once_and_is_replaced(pair, store, whole_timing, text):
+def test_a_corrupt_store_warns_once_and_is_replaced(pair, store, whole_timing, text, said):
     target, draft, prompt = pair
     store.write_text(text, encoding="latin-1")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = generate(target, prompt, draft=draft, k="auto", max_k=4, max_new_tokens=NEW, vocab_limit=REAL)
     (warning,) = caught
-    assert str(warning.message).startswith(f"ignoring the step-time store {store} (") and warning.filename == __file__
+    assert str(warning.message).startswith(said.format(store=store)) and warning.filename == __file__
     assert out.tokens == generate(target, prompt, k=0, max_new_tokens=NEW, vocab_limit=REAL).tokens
     assert _warm(out)["source"] is None and len(step_store.read_store(store)) == 1
 
@@ -300,12 +302,14 @@ def test_the_store_remembers_the_pairs_acceptance_and_the_next_call_starts_there
     # another oracle acceptance (or another lookup size) is another drafter: its own entry, a miss
     assert _warm(generate(target, prompt, draft=OracleDraft(0.2, seed=3), **kw))["source"] is None
     assert len(json.loads(store.read_text())["entries"]) == 2
-    # an entry with acceptances outside [0, 1] is a corrupt store
+    # an entry with acceptances outside [0, 1] is malformed: dropped alone (the 0.2 entry stays)
     doc = json.loads(store.read_text())
-    next(iter(doc["entries"].values()))["acceptance"] = [1.5]
+    (bad,) = [e for e in doc["entries"].values() if e["key"]["options"] == {"acceptance": 0.9}]
+    bad["acceptance"] = [1.5]
     store.write_text(json.dumps(doc))
     with pytest.warns(UserWarning, match="malformed"):
         assert _warm(generate(target, prompt, draft=OracleDraft(0.9, seed=4), **kw))["source"] is None
+    assert _warm(generate(target, prompt, draft=OracleDraft(0.2, seed=5), **kw))["source"] == "store"
 
 
 def test_a_call_averages_its_times_into_the_entry_by_rounds(store):

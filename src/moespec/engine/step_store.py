@@ -14,9 +14,11 @@ calls (`entry_points`), V(k) elsewhere by `policy.interpolate_step_times`; the k
 anchors. The MAX_ENTRIES most recently written keys are kept.
 
 The file is `$MOESPEC_STEP_TIMES` when set (empty: no store), else `$MOESPEC_CACHE/step-times.json`
-(default `~/.cache/moespec/step-times.json`). An unreadable or malformed file is ignored with one
-warning and replaced at the next write; writes are atomic (`artifacts.dump_json`: a temporary file,
-then os.replace).
+(default `~/.cache/moespec/step-times.json`). An unreadable file, or one this version did not write,
+is ignored with one warning and replaced at the next write; a malformed entry is dropped alone, with a
+warning naming it, and the rest kept. A write holds the store's lock (`locking.exclusive`) from its
+read to its atomic replace (`artifacts.dump_json`: a temporary file, then os.replace), so concurrent
+calls lose no entry.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 
 from moespec.artifacts import cpu_model, dump_json
 from moespec.cache import cache_dir
+from moespec.locking import exclusive
 from moespec.engine.policy import Learned, interpolate_step_times
 
 STORE_VERSION = 1
@@ -98,25 +101,34 @@ def _acceptances(x) -> bool:
         isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in x))
 
 
-def _entries(doc) -> dict:
-    """The entries of a parsed store; ValueError naming what is off when this version did not write it."""
+def _well_formed(e) -> bool:
+    return (isinstance(e, dict) and isinstance(e.get("key"), dict) and _seconds(e.get("written"))
+            and isinstance(e.get("measured"), dict)
+            and all(isinstance(k, str) and k.isdigit() and _seconds(s) for k, s in e["measured"].items())
+            and _acceptances(e.get("acceptance"))
+            and isinstance(e.get("rounds", {}), dict)
+            and all(isinstance(k, str) and k.isdigit() and isinstance(r, int) and not isinstance(r, bool) and r >= 1
+                    for k, r in e.get("rounds", {}).items()))
+
+
+def _entries(doc, path: Path, warn: bool) -> dict:
+    """The well-formed entries of a parsed store; a malformed entry is dropped alone (a warning names
+    it); ValueError when this version did not write the file."""
     if not isinstance(doc, dict) or doc.get("version") != STORE_VERSION or not isinstance(doc.get("entries"), dict):
         raise ValueError(f"not a version-{STORE_VERSION} step-time store")
-    for name, e in doc["entries"].items():
-        if not (isinstance(e, dict) and isinstance(e.get("key"), dict) and _seconds(e.get("written"))
-                and isinstance(e.get("measured"), dict)
-                and all(k.isdigit() and _seconds(s) for k, s in e["measured"].items())
-                and _acceptances(e.get("acceptance"))
-                and all(k.isdigit() and isinstance(r, int) and r >= 1 for k, r in e.get("rounds", {}).items())):
-            raise ValueError(f"entry {name} is malformed")
-    return doc["entries"]
+    bad = [name for name, e in doc["entries"].items() if not _well_formed(e)]
+    if bad and warn:
+        warnings.warn(f"dropping {len(bad)} malformed entr{'y' if len(bad) == 1 else 'ies'} of the step-time store "
+                      f"{path} ({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); the other "
+                      f"{len(doc['entries']) - len(bad)} are kept", stacklevel=7)
+    return {name: e for name, e in doc["entries"].items() if name not in bad}
 
 
 def read_store(path: Path, *, warn: bool = True) -> dict:
     """The store's entries ({} when there is no file); an unreadable or malformed file reads as {},
     with a warning when `warn`."""
     try:
-        return _entries(json.loads(path.read_text()))
+        return _entries(json.loads(path.read_text()), path, warn)
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:  # JSON and Unicode decoding errors are ValueErrors
@@ -168,8 +180,19 @@ def remember(key: dict, learned: Learned | None) -> None:
     path = store_path()
     if path is None or learned is None or not learned.step_s:
         return
-    entries, name = read_store(path, warn=False), _digest(key)
-    entry = entries.get(name)
+    try:
+        with exclusive(path):  # read, edit and replace as one step: a concurrent call's entry is not lost
+            entries = read_store(path, warn=False)
+            entries[_digest(key)] = _updated(entries.get(_digest(key)), key, learned)
+            kept = sorted(entries, key=lambda n: entries[n]["written"], reverse=True)[:MAX_ENTRIES]
+            dump_json(path, {"version": STORE_VERSION, "entries": {n: entries[n] for n in kept}})
+    except OSError as e:
+        warnings.warn(f"could not write the step-time store {path} ({e}); set MOESPEC_STEP_TIMES to a writable "
+                      f"file, or to nothing to turn the store off", stacklevel=4)  # generate's caller
+
+
+def _updated(entry: dict | None, key: dict, learned: Learned) -> dict:
+    """`entry` (None: a new one) with a call's medians averaged in, by rounds (`remember`)."""
     if entry is None or entry["key"] != key:
         entry = {"key": key, "measured": {}}
     stored, counts = entry["measured"], entry.setdefault("rounds", {})
@@ -181,10 +204,4 @@ def remember(key: dict, learned: Learned | None) -> None:
     if learned.acceptance:
         entry["acceptance"] = [float(a) for a in learned.acceptance]
     entry["written"] = time.time()
-    entries[name] = entry
-    kept = sorted(entries, key=lambda n: entries[n]["written"], reverse=True)[:MAX_ENTRIES]
-    try:
-        dump_json(path, {"version": STORE_VERSION, "entries": {n: entries[n] for n in kept}})
-    except OSError as e:
-        warnings.warn(f"could not write the step-time store {path} ({e}); set MOESPEC_STEP_TIMES to a writable "
-                      f"file, or to nothing to turn the store off", stacklevel=4)  # generate's caller
+    return entry
