@@ -15,7 +15,7 @@ A = [0.1, 0.5]
 
 
 def run(steady: bool = True, loss: float = 0.02) -> dict:
-    version = {"V": {"dedup": V}, "acceptance": A, "a0": {"dedup": 0.2}, "step_points": {"dedup": [0.2, 0.4]},
+    version = {"V": {"dedup": V}, "acceptance": A, "a0": {"dedup": 0.2}, "step_points": {"dedup": [0.2, 0.4215]},
                "k_star": {"dedup": [0, 2]}, "speedup": {"dedup": [1.0, 1.75 / 13.5 / 0.1]}}
     scored = {"acceptance": A, "k_star_predicted": [0, 2], "k_star_measured": [0, 1], "loss": [0.0, loss],
               "tau_error_dedup": 0.04, "oracle_gap": [0.0, 0.01]}
@@ -30,7 +30,7 @@ def run(steady: bool = True, loss: float = 0.02) -> dict:
 def test_the_answer_says_from_which_acceptance_and_at_which_draft_length():
     text = said(answer_blocks(run()))
     assert "The answer for olmoe.gguf on this machine (llama.cpp, 2 threads, context depth 512)" in text
-    assert "above a0 = 0.20" in text and "k = 1 from a = 0.20, k = 2 from a = 0.40" in text
+    assert "above a0 = 0.20" in text and "k = 1 from a = 0.20, k = 2 from a = 0.42" in text  # 12a² − 1.5a − 1.5 = 0
     table = next(b for b in answer_blocks(run()) if isinstance(b, Table))
     rows = {r[0]: r for r in table.rows}
     assert rows["0.10"][1] == 0 and rows["0.10"][3] == "--spec-type none"
@@ -48,6 +48,25 @@ def test_the_answer_says_how_far_to_trust_it():
 
 def test_no_draft_length_pays_below_one():
     r = run()
-    r["prediction"]["depths"][0]["versions"]["calibrated"]["a0"]["dedup"] = 1.3
+    version = r["prediction"]["depths"][0]["versions"]["calibrated"]
+    version.update(V={"dedup": [0.010, 0.0235, 0.040]}, a0={"dedup": 1.35}, k_star={"dedup": [0, 0]},
+                   speedup={"dedup": [1.0, 1.0]})  # a0 = 1.35, and two drafts never pay either
     assert "speculation does not pay" in said(answer_blocks(r))
     assert answer_blocks({"measurement": {}}) == []
+
+
+def test_the_words_agree_with_the_table_when_the_step_times_are_not_monotone():
+    """V̂ = 0.717, 0.903, 0.834 ms (a smoke run's): one draft pays only from a0 = 0.903/0.717 − 1 = 0.26,
+    but two drafts pay earlier: G(2)/V(2) > 1/V(0) once 1 + a + a² > 0.834/0.717, from a = 0.139...;
+    so the staircase goes 0 -> 2 and the answer must say k = 2 from a = 0.14, never k = 1."""
+    r = run()
+    V2, A2 = [0.717e-3, 0.903e-3, 0.834e-3], [0.1, 0.2, 0.5]
+    k2 = [max(range(3), key=lambda k: (sum(a ** i for i in range(k + 1)) / V2[k], -k)) for a in A2]
+    gain2 = [sum(a ** i for i in range(k + 1)) / V2[k] * V2[0] for a, k in zip(A2, k2)]
+    version = r["prediction"]["depths"][0]["versions"]["calibrated"]
+    version.update(V={"dedup": V2}, acceptance=A2, k_star={"dedup": k2}, speedup={"dedup": gain2},
+                   a0={"dedup": 0.903 / 0.717 - 1}, step_points={"dedup": [0.26, 0.26]})
+    text = said(answer_blocks(r))
+    assert k2 == [0, 2, 2]  # the table: plain at a = 0.1, two drafts at 0.2 and 0.5
+    assert "above a_1 = 0.14" in text and "k = 2 from a = 0.14" in text and "k = 1 from" not in text
+    assert "from a0 = 0.26" in text

@@ -4,8 +4,10 @@ to trust it (the score on sweeps the prediction never read, and whether the mach
 
 It reads the preferred prediction version (`costmodel.predict.preferred_version`) at the run's first
 depth: V̂(k) of the kernel the engine runs (llama.cpp: its grouped mul_mat_id, "dedup"; torch: the
-faster at each n, "auto"), a0 = V̂(1)/V̂(0) − 1 (B.4), k̂*(a) and speedup (9) on the grid, and
-llama.cpp's settings from `costmodel.settings.recommend`.
+faster at each n, "auto"), where drafting first pays and each draft length's first acceptance from
+the staircase of V̂ (`costmodel.theory.summarize`, the step points (B.31) that `moespec theory`
+prints, so the words agree with the table for any V̂, monotone or not), k̂*(a) and speedup (9) on
+the grid, and llama.cpp's settings from `costmodel.settings.recommend`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from moespec.costmodel.predict import preferred_version
 from moespec.costmodel.settings import DRAFT_PLACEHOLDER, recommend
+from moespec.costmodel.theory import summarize
 from moespec.report.html import Table
 from moespec.report.summary import LOSS_GOAL, TAU_GOAL, goals
 
@@ -26,10 +29,22 @@ def _engine(run: dict[str, Any]) -> tuple[str, str, Any]:
     return "torch", "auto", None
 
 
-def _steps(a0: float, points: list[float], kmax: int) -> str:
-    """"k = 1 from a = 0.26, k = 2 from a = 0.73, ..." from the step points a_j (B.31); 1 means never."""
-    said = [f"k = {j} from a = {x:.2f}" for j, x in enumerate(points, start=1) if x < 1]
-    return ", ".join(said) if said else f"no k of 1..{kmax} within a < 1"
+def verdict(V: list[float], acceptance: list[float], gain: list[float]) -> str:
+    """Does speculation pay, from which acceptance, at which draft lengths: read off the staircase of
+    V (its step points, (B.31)); a0 = V(1)/V(0) − 1 (B.4) is named where it is that first step."""
+    s = summarize(V)
+    paying = [(lo, k) for lo, _, k in s.stairs if k >= 1]
+    a0 = float(s.first_draft_threshold)
+    if not paying:
+        return (f"speculation does not pay: no draft length beats plain decoding at any acceptance a < 1 "
+                f"(a0 = V̂(1)/V̂(0) − 1 = {a0:.2f}, and no longer draft pays below 1 either); decode plainly.")
+    first = float(paying[0][0])
+    named = f"a0 = {first:.2f}" if abs(first - a0) <= 1e-9 else f"a_1 = {first:.2f} (B.31; one draft alone would pay from a0 = {a0:.2f})"
+    steps = ", ".join(f"k = {k} from a = {float(lo):.2f}" for lo, k in paying)
+    best = max(range(len(acceptance)), key=lambda i: gain[i])
+    return (f"speculation pays once your draft's acceptance rate is above {named}; below it, decode plainly (k = 0). "
+            f"Above it the best draft length grows with acceptance ({steps}); at a = {acceptance[best]:.2f} it "
+            f"predicts {gain[best]:.2f}x plain decoding's tokens per second.")
 
 
 def answer_blocks(run: dict[str, Any]) -> list:
@@ -44,19 +59,11 @@ def answer_blocks(run: dict[str, Any]) -> list:
     engine, kernel, threads = _engine(run)
     p = entry["versions"][version]
     V, acceptance = p["V"][kernel], p["acceptance"]
-    a0, k_star, gain = p["a0"][kernel], p["k_star"][kernel], p["speedup"][kernel]
+    k_star, gain = p["k_star"][kernel], p["speedup"][kernel]
     where = f"{engine}{f', {threads} thread' + 's' * (threads != 1) if threads else ''}, context depth {entry['depth']}"
     model = run.get("measurement", {}).get("provenance", {}).get("model") or pred.get("model", "the model")
-    if a0 >= 1:
-        verdict = (f"speculation does not pay: no draft length beats plain decoding at any acceptance a < 1 "
-                   f"(a0 = V̂(1)/V̂(0) − 1 = {a0:.2f}); decode plainly.")
-    else:
-        best = max(range(len(acceptance)), key=lambda i: gain[i])
-        verdict = (f"speculation pays once your draft's acceptance rate is above a0 = {a0:.2f}; below it, decode "
-                   f"plainly (k = 0). Above it the best draft length grows with acceptance "
-                   f"({_steps(a0, p['step_points'][kernel], len(V) - 1)}); at a = {acceptance[best]:.2f} it predicts "
-                   f"{gain[best]:.2f}x plain decoding's tokens per second.")
-    blocks: list = [f"The answer for {model} on this machine ({where}), from the {version} prediction: {verdict}"]
+    verdict_text = verdict(V, acceptance, gain)
+    blocks: list = [f"The answer for {model} on this machine ({where}), from the {version} prediction: {verdict_text}"]
     rec = recommend(V, acceptance, engines=("llama.cpp",))
     rows = [[f"{a:.2f}", k, f"{g:.2f}x", r.engine("llama.cpp").fragment]
             for a, k, g, r in zip(acceptance, k_star, gain, rec.rows)]
