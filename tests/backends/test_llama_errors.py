@@ -16,13 +16,16 @@ from moespec.models import load
 runner = CliRunner(env={"COLUMNS": "200"})
 
 
-def _gguf(tmp_path, arch: str):
+def _gguf(tmp_path, arch: str, experts: tuple[int, int] | None = None):
     import gguf
     import numpy as np
 
-    path = tmp_path / f"{arch}.gguf"
+    path = tmp_path / f"{arch}{'-' + '-'.join(map(str, experts)) if experts else ''}.gguf"
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(1)
+    if experts:
+        w.add_expert_count(experts[0])
+        w.add_expert_used_count(experts[1])
     w.add_tensor("token_embd.weight", np.zeros((10, 8), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -44,6 +47,20 @@ def test_files_llama_cpp_cannot_load(gguf_files, tmp_path):
         LlamaModel(_gguf(tmp_path, "nosucharch"))
     with pytest.raises(ValueError, match="is no file"):
         LlamaModel(tmp_path / "missing.gguf")
+
+
+@pytest.mark.parametrize("experts, said", [
+    ((4, 8), "olmoe.expert_used_count = 8, more than its olmoe.expert_count = 4"),
+    ((0, 2), "olmoe.expert_count = 0 but olmoe.expert_used_count = 2"),
+])
+def test_contradicting_expert_counts_are_refused_before_llama_cpp_aborts(tmp_path, experts, said):
+    """llama.cpp aborts the process on these (exit 134); moespec reads the header first."""
+    bad = _gguf(tmp_path, "olmoe", experts)
+    with pytest.raises(ValueError, match=said + ".*convert the model again"):
+        LlamaModel(bad)
+    r = runner.invoke(app, ["generate", "--target", str(bad), "--prompt", "x", "--max-new-tokens", "2"])
+    (line,) = [x for x in r.output.splitlines() if x.strip()]
+    assert r.exit_code != 0 and line.startswith("error: ") and said in line, r.output
 
 
 def test_a_draft_with_another_vocabulary_is_refused_naming_both(gguf_files, smollm2_gguf):

@@ -16,6 +16,8 @@ from collections import deque
 from functools import cache
 from pathlib import Path
 
+from moespec.backends.gguf_header import check_moe_fields
+
 BUILD_FLAGS = "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF"
 INSTALL_HINT = f"CMAKE_ARGS=\"{BUILD_FLAGS}\" pip install 'moespec[llama]' (builds llama-cpp-python, about 3 min)"
 GGUF_MAGIC = b"GGUF"
@@ -74,7 +76,8 @@ def last_log(lines: int = 3) -> str:
 
 
 def check_gguf(path: str | Path) -> Path:
-    """The path, after raising ValueError (naming the file and the fix) unless it is a GGUF file."""
+    """The path, after raising ValueError (naming the file and the fix) unless it is a GGUF file whose
+    expert counts agree (`gguf_header.check_moe_fields`)."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise ValueError(f"{path} is no file; give the path of a .gguf model file")
@@ -83,6 +86,7 @@ def check_gguf(path: str | Path) -> Path:
     if head != GGUF_MAGIC:
         raise ValueError(f"{path} is not a GGUF file (it starts with {head!r}, not {GGUF_MAGIC!r}); convert the "
                          "model with llama.cpp's convert_hf_to_gguf.py or `moespec export-gguf`")
+    check_moe_fields(path)  # llama.cpp aborts the process on contradicting expert counts
     return path
 
 
