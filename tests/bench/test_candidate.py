@@ -158,3 +158,43 @@ def test_vocabulary_refusal_before_anything_is_timed(tmp_path):
     with pytest.raises(ValueError, match=r"does not share the vocabulary .*5 vs 4 tokens.*id 2: target 'b' vs draft 'x'") as e:
         check_vocabulary(target, other)
     assert "\n" not in str(e.value)
+
+
+class HostDraft:
+    """A lookup whose proposing costs k/64 s of host time on the fake clock and commits cost 1/128 s."""
+
+    cache = None
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def begin(self, *, target, prompt, max_new_tokens, sampler):
+        pass
+
+    def propose(self, context, k):
+        self.clock.advance(k / 64)
+        return Proposal(context[-k:])
+
+    def commit(self, keep):
+        self.clock.advance(1 / 128)
+
+    def identity(self):
+        return None
+
+
+def test_host_time_of_a_lookup_on_the_fake_clock(monkeypatch):
+    # the timed round is propose + commit (k/64 + 1/128); the reset before it (a commit) is not timed
+    clock = FakeClock().install(monkeypatch, timing)
+    cost = measure_draft_cost(HostDraft(clock), target=TableLM(V), context=[1, 2, 3], kmax=2, reps=3, warmup=1)
+    assert cost.plain == cost.catch_up == (0.0, 1 / 64 + 1 / 128, 2 / 64 + 1 / 128)
+
+
+def test_ngram_acceptance_under_sampling_is_counted():
+    from moespec.engine.ngram import NgramSimple
+
+    target = TableLM(6, seed=3)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2, 3, 4, 5, 1, 2]] * 3
+    got = measure_acceptance(target, NgramSimple(1, 3), prompts, kmax=3, max_new_tokens=30, temperature=1.0)
+    acc = got.acceptance
+    assert got.temperature == 1.0 and got.new_tokens == 90 and acc.at_risk[0] > 0
+    assert all(a <= n for a, n in zip(acc.accepted, acc.at_risk)) and acc.at_risk[1] <= acc.accepted[0]  # the budget's cut rounds
