@@ -140,9 +140,12 @@ def test_refusals(tmp_path):
         split_prompts(["one"])
 
 
-def write_gguf(path, tokens):
+def write_gguf(path, tokens, model="gpt2", bos=1):
     w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model(model)
     w.add_token_list(tokens)
+    w.add_add_bos_token(True)
+    w.add_bos_token_id(bos)
     w.add_tensor("token_embd.weight", np.zeros((len(tokens), 4), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -151,13 +154,32 @@ def write_gguf(path, tokens):
     return path
 
 
-def test_vocabulary_refusal_before_anything_is_timed(tmp_path):
-    target = write_gguf(tmp_path / "t.gguf", ["<s>", "a", "b", "c"])
-    check_vocabulary(target, write_gguf(tmp_path / "same.gguf", ["<s>", "a", "b", "c"]))
-    other = write_gguf(tmp_path / "d.gguf", ["<s>", "a", "x", "c", "d"])
-    with pytest.raises(ValueError, match=r"does not share the vocabulary .*5 vs 4 tokens.*id 2: target 'b' vs draft 'x'") as e:
-        check_vocabulary(target, other)
-    assert "\n" not in str(e.value)
+WORDS = ["<unk>", "<s>", "</s>", "a", "b", "c", "d", "e"]
+
+
+def test_vocabulary_refusal_is_llama_cpps_rule(tmp_path):
+    # llama.cpp pairs files whose sizes differ by <= 128 and whose texts agree from id 5 up, with the
+    # same tokenizer model and BOS (common_speculative_are_compatible); anything else is refused in one line
+    target = write_gguf(tmp_path / "t.gguf", WORDS)
+    check_vocabulary(target, write_gguf(tmp_path / "same.gguf", WORDS))
+    check_vocabulary(target, write_gguf(tmp_path / "pad.gguf", WORDS + [f"[PAD{i}]" for i in range(128)]))
+    check_vocabulary(target, write_gguf(tmp_path / "low.gguf", WORDS[:2] + ["x"] + WORDS[3:]))  # id 2 < 5
+    refused = {
+        "id 6 is 'x' in the draft, 'd' in the target": WORDS[:6] + ["x", "e"],
+        "137 tokens against the target's 8, more than 128 apart": WORDS + [f"[PAD{i}]" for i in range(129)],
+    }
+    for i, (why, tokens) in enumerate(refused.items()):
+        with pytest.raises(ValueError, match=f"does not share the vocabulary .*{why}") as e:
+            check_vocabulary(target, write_gguf(tmp_path / f"d{i}.gguf", tokens))
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="tokenizer.ggml.model is 'llama' in the draft, 'gpt2' in the target"):
+        check_vocabulary(target, write_gguf(tmp_path / "spm.gguf", WORDS, model="llama"))
+    with pytest.raises(ValueError, match="tokenizer.ggml.bos_token_id is 3 in the draft, 1 in the target"):
+        check_vocabulary(target, write_gguf(tmp_path / "bos.gguf", WORDS, bos=3))
+    text = tmp_path / "draft.gguf"
+    text.write_text("not a model")
+    with pytest.raises(ValueError, match="is not a GGUF file"):  # refused before its metadata is read
+        check_vocabulary(target, text)
 
 
 class HostDraft:

@@ -33,6 +33,10 @@ from moespec.engine.sampling import Sampler, SamplingConfig
 from moespec.models import gguf_info
 
 TOKENS_KEY = "tokenizer.ggml.tokens"  # the GGUF metadata key of the vocabulary, one string per id
+# llama.cpp's pairing rule (common/speculative.cpp, common_speculative_are_compatible): sizes within
+# 128 ids, token texts equal from id 5 up, the same tokenizer model and the same BOS/EOS handling
+VOCAB_MAX_SIZE_DIFFERENCE, VOCAB_CHECK_START_TOKEN_ID = 128, 5
+SPECIAL_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token")
 
 
 def read_prompts(path: str | Path) -> list:
@@ -101,16 +105,35 @@ def gguf_vocabulary(path: str | Path) -> list[str]:
     return list(tokens)
 
 
+def vocabulary_difference(target: str | Path, draft: str | Path) -> str | None:
+    """Why llama.cpp would refuse to pair the two GGUF files (its rule, read from their metadata), or None.
+
+    A setting only one file states is not compared (llama.cpp would fill the other from its defaults)."""
+    t, d = gguf_vocabulary(target), gguf_vocabulary(draft)
+    if abs(len(t) - len(d)) > VOCAB_MAX_SIZE_DIFFERENCE:
+        return f"{len(d)} tokens against the target's {len(t)}, more than {VOCAB_MAX_SIZE_DIFFERENCE} apart"
+    where = next((i for i in range(VOCAB_CHECK_START_TOKEN_ID, min(len(t), len(d))) if t[i] != d[i]), None)
+    if where is not None:
+        return f"id {where} is {d[where]!r} in the draft, {t[where]!r} in the target"
+    keys = list(SPECIAL_KEYS)
+    for special in ("bos", "eos"):  # its id matters only where the target adds it
+        adds = gguf_info.field(target, f"tokenizer.ggml.add_{special}_token")
+        if adds is not None and bool(adds):
+            keys.append(f"tokenizer.ggml.{special}_token_id")
+    for key in keys:
+        a, b = gguf_info.field(target, key), gguf_info.field(draft, key)
+        if a is not None and b is not None and a != b:
+            return f"{key} is {b!r} in the draft, {a!r} in the target"
+    return None
+
+
 def check_vocabulary(target: str | Path, draft: str | Path) -> None:
-    """A one-line ValueError unless the two GGUF files give every id the same token (before any timing)."""
+    """A one-line ValueError, before anything is timed, unless llama.cpp would pair the two GGUF files."""
     check_draft_file(draft)
-    t, d = gguf_vocabulary(check_gguf(target)), gguf_vocabulary(draft)
-    if t == d:
-        return
-    where = next((i for i, (a, b) in enumerate(zip(t, d)) if a != b), min(len(t), len(d)))
-    shown = f"id {where}: target {t[where] if where < len(t) else None!r} vs draft {d[where] if where < len(d) else None!r}"
-    raise ValueError(f"draft {draft} does not share the vocabulary of target {target} ({len(d)} vs {len(t)} tokens; "
-                     f"first difference {shown}); pair a draft made with the target's tokenizer")
+    why = vocabulary_difference(check_gguf(target), draft)
+    if why is not None:
+        raise ValueError(f"draft {draft} does not share the vocabulary of target {target} ({why}); "
+                         "pair a draft made with the target's tokenizer")
 
 
 @dataclass(frozen=True)
