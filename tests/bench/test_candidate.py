@@ -14,6 +14,7 @@ import moespec.bench.timing as timing
 from moespec.backends.table_model import TableLM
 from moespec.bench.candidate import (
     CandidateAcceptance,
+    candidate_answer,
     DraftCost,
     check_draft_file,
     check_vocabulary,
@@ -24,6 +25,7 @@ from moespec.bench.candidate import (
     read_prompts,
     split_prompts,
 )
+from moespec.costmodel.positional import PositionalAcceptance
 from moespec.engine.decode import generate
 from moespec.engine.proposers import DraftModel, Proposal
 from tests.bench.conftest import FakeClock
@@ -95,6 +97,18 @@ def test_expected_draft_cost_by_hand():
     cost = DraftCost(plain=(0, F(1), F(2)), catch_up=(0, F(3), F(5)), reps=1, context_tokens=2)
     # P(1) = 1/2, P(2) = 1/2 * 1/4: h(1) = 1/2*1 + 1/2*3 = 2, h(2) = 7/8*2 + 1/8*5 = 19/8
     assert expected_draft_cost(cost, [F(1, 2), F(1, 4)]) == [0, 2, F(19, 8)]
+
+
+def test_candidate_answer_by_hand():
+    # alpha = 1/2, 1/2; h(1) = 1/2*1/10 + 1/2*2/10 = 3/20, h(2) = 3/4*2/10 + 1/4*3/10 = 9/40; tau = 1:
+    # V = 1, 23/20, 49/40; E = 1, 3/2, 7/4; E/V = 1, 30/23, 10/7: k_hat* = 2 at 10/7
+    cost = DraftCost(plain=(0, F(1, 10), F(2, 10)), catch_up=(0, F(2, 10), F(3, 10)), reps=1, context_tokens=2)
+    measured = CandidateAcceptance(candidate={}, acceptance=PositionalAcceptance((4, 2), (2, 1)), prompts=1,
+                                   new_tokens=6, max_new_tokens=6)
+    a = candidate_answer([1, 1, 1], cost, measured)
+    assert a.step_times == (1, F(23, 20), F(49, 40)) and a.k_star == 2 and a.speedup == F(10, 7)
+    with pytest.raises(ValueError, match="same kmax"):
+        candidate_answer([1, 1], cost, measured)
 
 
 def test_prompts_file_lines_and_chats(tmp_path):
@@ -219,4 +233,5 @@ def test_ngram_acceptance_under_sampling_is_counted():
     got = measure_acceptance(target, NgramSimple(1, 3), prompts, kmax=3, max_new_tokens=30, temperature=1.0)
     acc = got.acceptance
     assert got.temperature == 1.0 and got.new_tokens == 90 and acc.at_risk[0] > 0
-    assert all(a <= n for a, n in zip(acc.accepted, acc.at_risk)) and acc.at_risk[1] <= acc.accepted[0]  # the budget's cut rounds
+    assert all(a <= n for a, n in zip(acc.accepted, acc.at_risk))
+    assert acc.at_risk[1] <= acc.accepted[0]  # less in the rounds the token budget cut to k = 1

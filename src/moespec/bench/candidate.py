@@ -26,7 +26,14 @@ import torch
 
 from moespec.backends.llama_lib import check_gguf
 from moespec.bench import timing
-from moespec.costmodel.positional import PositionalAcceptance, counts_from_rounds, pooled
+from moespec.costmodel.positional import (
+    PositionalAcceptance,
+    PositionalAnswer,
+    answer,
+    counts_from_rounds,
+    draft_step_times,
+    pooled,
+)
 from moespec.engine.decode import generate
 from moespec.engine.proposers import Proposer
 from moespec.engine.sampling import Sampler, SamplingConfig
@@ -75,7 +82,8 @@ def encode_prompts(tokenizer, prompts: Sequence) -> list[list[int]]:
             out.append([int(i) for i in tokenizer.encode(p)])
             continue
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError(f"{tokenizer!r} has no chat template for the JSONL chats; give plain prompts, one per line")
+            raise ValueError(f"{tokenizer!r} has no chat template for the JSONL chats; "
+                             "give plain prompts, one per line")
         ids = tokenizer.apply_chat_template(p, add_generation_prompt=True)
         out.append([int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])])
     return out
@@ -254,3 +262,15 @@ def expected_draft_cost(cost: DraftCost, alpha: Sequence) -> list:
         survive = survive * alpha[k - 1]
         out.append((1 - survive) * cost.plain[k] + survive * cost.catch_up[k])
     return out
+
+
+def candidate_answer(tau: Sequence, cost: DraftCost, measured: CandidateAcceptance, *, delta=0) -> PositionalAnswer:
+    """The answer for one candidate: V_hat(k) = tau_hat(k + 1) + h_hat(k) (h_hat from `expected_draft_cost`
+    at the measured alphas), then `positional.answer`. tau: [kmax + 1], tau[k] the target's pass of k + 1
+    tokens (the chain's calibrated version); delta: its relative step-time error bound."""
+    kmax = len(tau) - 1
+    if cost.kmax != kmax or measured.acceptance.kmax < kmax:
+        raise ValueError(f"tau_hat goes to kmax = {kmax}, the draft cost to {cost.kmax} and the acceptance to "
+                         f"{measured.acceptance.kmax}; measure all three to the same kmax")
+    alpha = measured.acceptance.alpha[:kmax]
+    return answer(draft_step_times(tau, expected_draft_cost(cost, alpha)), measured.acceptance, delta=delta)

@@ -56,7 +56,8 @@ def counts_from_rounds(tokens_per_round: Sequence[int], k_per_round: Sequence[in
     accepted. A round an EOS cut short counts the drafts it kept.
     """
     if len(tokens_per_round) != len(k_per_round):
-        raise ValueError(f"{len(tokens_per_round)} token counts for {len(k_per_round)} draft lengths; give one per round")
+        raise ValueError(f"{len(tokens_per_round)} token counts for {len(k_per_round)} draft lengths; "
+                         "give one per round")
     at_risk, accepted = [0] * kmax, [0] * kmax
     done = 0
     for tokens, chosen in zip(tokens_per_round, k_per_round):
@@ -79,7 +80,8 @@ class PositionalAcceptance:
 
     def __post_init__(self):
         if len(self.at_risk) != len(self.accepted):
-            raise ValueError(f"at_risk has {len(self.at_risk)} positions, accepted {len(self.accepted)}; give both [kmax]")
+            raise ValueError(f"at_risk has {len(self.at_risk)} positions, accepted {len(self.accepted)}; "
+                             "give both [kmax]")
         for j, (n, a) in enumerate(zip(self.at_risk, self.accepted), 1):
             if not 0 <= a <= n:
                 raise ValueError(f"position {j}: accepted {a} must lie in 0..at_risk ({n})")
