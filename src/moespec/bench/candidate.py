@@ -37,7 +37,7 @@ from moespec.costmodel.positional import (
 from moespec.engine.decode import generate
 from moespec.engine.proposers import Proposer
 from moespec.engine.sampling import Sampler, SamplingConfig
-from moespec.models import gguf_info
+from moespec.models.gguf_metadata import read_metadata
 
 TOKENS_KEY = "tokenizer.ggml.tokens"  # the GGUF metadata key of the vocabulary, one string per id
 # llama.cpp's pairing rule (common/speculative.cpp, common_speculative_are_compatible): sizes within
@@ -105,19 +105,23 @@ def check_draft_file(path: str | Path) -> Path:
     return check_gguf(path)
 
 
-def gguf_vocabulary(path: str | Path) -> list[str]:
-    """The token strings of a GGUF file, by id, from its metadata (no weights are read)."""
-    tokens = gguf_info.field(path, TOKENS_KEY)
-    if tokens is None:
+PAIRING_KEYS = (TOKENS_KEY,) + SPECIAL_KEYS + tuple(f"tokenizer.ggml.{s}_token_id" for s in ("bos", "eos"))
+
+
+def pairing_metadata(path: str | Path) -> dict:
+    """The keys llama.cpp's pairing rule reads, from the file's metadata alone (no weights, no mapping)."""
+    found = read_metadata(path, PAIRING_KEYS)
+    if TOKENS_KEY not in found:
         raise ValueError(f"{path} has no {TOKENS_KEY} in its metadata; convert it again with its tokenizer")
-    return list(tokens)
+    return found
 
 
 def vocabulary_difference(target: str | Path, draft: str | Path) -> str | None:
     """Why llama.cpp would refuse to pair the two GGUF files (its rule, read from their metadata), or None.
 
     A setting only one file states is not compared (llama.cpp would fill the other from its defaults)."""
-    t, d = gguf_vocabulary(target), gguf_vocabulary(draft)
+    mt, md = pairing_metadata(target), pairing_metadata(draft)
+    t, d = mt[TOKENS_KEY], md[TOKENS_KEY]
     if abs(len(t) - len(d)) > VOCAB_MAX_SIZE_DIFFERENCE:
         return f"{len(d)} tokens against the target's {len(t)}, more than {VOCAB_MAX_SIZE_DIFFERENCE} apart"
     where = next((i for i in range(VOCAB_CHECK_START_TOKEN_ID, min(len(t), len(d))) if t[i] != d[i]), None)
@@ -125,11 +129,10 @@ def vocabulary_difference(target: str | Path, draft: str | Path) -> str | None:
         return f"id {where} is {d[where]!r} in the draft, {t[where]!r} in the target"
     keys = list(SPECIAL_KEYS)
     for special in ("bos", "eos"):  # its id matters only where the target adds it
-        adds = gguf_info.field(target, f"tokenizer.ggml.add_{special}_token")
-        if adds is not None and bool(adds):
+        if mt.get(f"tokenizer.ggml.add_{special}_token"):
             keys.append(f"tokenizer.ggml.{special}_token_id")
     for key in keys:
-        a, b = gguf_info.field(target, key), gguf_info.field(draft, key)
+        a, b = mt.get(key), md.get(key)
         if a is not None and b is not None and a != b:
             return f"{key} is {b!r} in the draft, {a!r} in the target"
     return None
