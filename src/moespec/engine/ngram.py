@@ -41,7 +41,9 @@ class NgramSimple:
     the draft is what followed the match, at most size_m tokens, taken from the cache. Nothing is
     drafted while the cache holds size_n + size_m + 1 tokens or fewer, nor when fewer than size_n
     tokens follow the match. min_hits is parsed by llama.cpp (--spec-ngram-simple-min-hits) but its
-    ngram-simple rule does not read it; kept so each flag maps to one argument.
+    ngram-simple rule does not read it; kept so each flag maps to one argument. size_m is the draft
+    length (llama-server cuts a draft only to the context or token budget), and a size_m below
+    size_n never drafts: a line that prices k drafts sets size_m = k >= size_n.
     """
 
     def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1):
@@ -99,6 +101,7 @@ class NgramMod:
     per proposer, kept across sequences as llama-server keeps it across requests: `begin` adds the
     prompt's n-grams and empties a pool over 25% full; later n-grams enter in chunks of more than 32
     tokens; after 5 drafts in a row with under 25% of their tokens accepted the pool is emptied.
+    The default n_min = 48 drafts nothing shorter: a line that prices k drafts sets n_min <= n_max = k.
     """
 
     def __init__(self, n_match: int = 24, n_max: int = 64, n_min: int = 48):
