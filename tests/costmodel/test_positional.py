@@ -107,3 +107,13 @@ def test_k_star_is_the_brute_force_argmax(data, kmax):
     assert best_draft_length_positional(V, alpha) == brute
     n_min = shortest_paying_draft_positional(V, alpha)
     assert n_min == next((j for j in range(1, kmax + 1) if rates[j] > rates[0]), 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 6), data=st.data())
+def test_expected_tokens_at_k_is_the_mean_tokens_per_round(k, data):
+    # with every round at k (no budget cut), prod_{i<=j} alpha_i = accepted_j / rounds, so E(k) is
+    # exactly the mean tokens a round committed
+    tokens = data.draw(st.lists(st.integers(1, k + 1), min_size=1, max_size=40))
+    acc = PositionalAcceptance(*counts_from_rounds(tokens, [k] * len(tokens), max_new_tokens=10**6, kmax=k))
+    assert expected_tokens_positional(acc.alpha, k) == F(sum(tokens), len(tokens))

@@ -109,3 +109,11 @@ def test_greedy_output_is_plain_greedy(table_lm, k):
             assert out.tokens == ref, (proposer.identity(), k, seed)
             drafted += out.stats.drafted
     assert drafted > 0  # the drafters did propose, so the check had drafts to reject or accept
+
+
+def test_mod_keeps_its_pool_across_sequences_as_llama_server_does():
+    # the second prompt has no n-gram of its own, but the first one's entries still draft
+    mod = begun(NgramMod(2, n_max=2, n_min=1), [7, 8, 1, 2, 3, 7])
+    begun(mod, [4, 9])
+    assert drafts(mod, [4, 9, 7, 8]) == [1, 2]
+    assert drafts(begun(NgramMod(2, n_max=2, n_min=1), [4, 9]), [4, 9, 7, 8]) == []
