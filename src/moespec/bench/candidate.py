@@ -1,0 +1,279 @@
+"""A candidate draft on the user's prompts: its acceptance by position and its own cost h(k) (issue 50).
+
+A candidate is any `Proposer` (a draft model as `DraftModel`, `PromptLookup`, llama.cpp's n-gram
+drafters in `engine.ngram`, the oracle). On the calibration half of the prompts:
+
+- `measure_acceptance`: decoding that is not timed, at the fixed draft length kmax, through the
+  engine's own `generate`; each call's rounds give the counts by position (`positional.counts_from_rounds`).
+- `measure_draft_cost`: h(k) for k = 0..kmax on this machine, through `bench.timing.measure`: the
+  proposer's round at k (`propose` and `commit`) from the state a round starts in, without and with
+  one token of catch-up (a draft model feeds the last accepted token after a round that accepted
+  every draft); `expected_draft_cost` weights the two by the chance that a round at k accepted all.
+
+Also what comes before anything is timed: the prompts file (`read_prompts`, `encode_prompts`,
+`split_prompts`) and the refusals of a draft file (`check_draft_file`, `check_vocabulary`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from moespec.backends.llama_lib import check_gguf
+from moespec.bench import timing
+from moespec.costmodel.positional import (
+    PositionalAcceptance,
+    PositionalAnswer,
+    answer,
+    counts_from_rounds,
+    draft_step_times,
+    pooled,
+)
+from moespec.engine.decode import generate
+from moespec.engine.proposers import Proposer
+from moespec.engine.sampling import Sampler, SamplingConfig
+from moespec.models.gguf_metadata import read_metadata
+
+TOKENS_KEY = "tokenizer.ggml.tokens"  # the GGUF metadata key of the vocabulary, one string per id
+# llama.cpp's pairing rule (common/speculative.cpp, common_speculative_are_compatible): sizes within
+# 128 ids, token texts equal from id 5 up, the same tokenizer model and the same BOS/EOS handling
+VOCAB_MAX_SIZE_DIFFERENCE, VOCAB_CHECK_START_TOKEN_ID = 128, 5
+SPECIAL_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token")
+
+
+def read_prompts(path: str | Path) -> list:
+    """The prompts of `path`: one per non-empty line, or, in a JSONL file (first line starts with "[" or
+    "{"), per line a chat: a list of {"role", "content"} messages or {"messages": [...]}."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ValueError(f"prompts file {path} does not exist; give a file with one prompt per line")
+    lines = [line for line in path.read_text("utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"prompts file {path} is empty; put one prompt per line (or one JSON chat per line)")
+    if lines[0].lstrip()[:1] not in ("[", "{"):
+        return lines
+    return [chat_messages(path, n, line) for n, line in enumerate(lines, 1)]
+
+
+def chat_messages(path: Path, n: int, line: str) -> list[dict]:
+    """Line n of a JSONL prompts file as a list of chat messages; ValueError naming the line otherwise."""
+    try:
+        chat = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} line {n} is not JSON ({e.msg}); write one chat per line") from None
+    messages = chat.get("messages") if isinstance(chat, dict) else chat
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages):
+        raise ValueError(f"{path} line {n} holds no chat: give a list of {{\"role\", \"content\"}} messages "
+                         "or {\"messages\": [...]}")
+    return messages
+
+
+def encode_prompts(tokenizer, prompts: Sequence) -> list[list[int]]:
+    """Token ids of each prompt: a text through `tokenizer.encode`, a chat through its chat template."""
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            out.append([int(i) for i in tokenizer.encode(p)])
+            continue
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(f"{tokenizer!r} has no chat template for the JSONL chats; "
+                             "give plain prompts, one per line")
+        ids = tokenizer.apply_chat_template(p, add_generation_prompt=True)
+        out.append([int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])])
+    return out
+
+
+def split_prompts(prompts: Sequence) -> tuple[list, list]:
+    """(calibration, held_out): the prompts ordered by the SHA-256 of their JSON, the first ceil(n/2)
+    calibrate; each half keeps the file's order. The same prompts split the same way in any order."""
+    if len(prompts) < 2:
+        raise ValueError(f"{len(prompts)} prompt(s) cannot be split into a calibration and a held-out half; "
+                         "give at least 2")
+    digest = lambda i: hashlib.sha256(json.dumps(prompts[i], sort_keys=True).encode()).hexdigest()  # noqa: E731
+    first = set(sorted(range(len(prompts)), key=lambda i: (digest(i), i))[: (len(prompts) + 1) // 2])
+    return ([p for i, p in enumerate(prompts) if i in first], [p for i, p in enumerate(prompts) if i not in first])
+
+
+def check_draft_file(path: str | Path) -> Path:
+    """The draft's path, after a one-line ValueError unless it is a GGUF file."""
+    return check_gguf(path)
+
+
+PAIRING_KEYS = (TOKENS_KEY,) + SPECIAL_KEYS + tuple(f"tokenizer.ggml.{s}_token_id" for s in ("bos", "eos"))
+
+
+def pairing_metadata(path: str | Path) -> dict:
+    """The keys llama.cpp's pairing rule reads, from the file's metadata alone (no weights, no mapping)."""
+    found = read_metadata(path, PAIRING_KEYS)
+    if TOKENS_KEY not in found:
+        raise ValueError(f"{path} has no {TOKENS_KEY} in its metadata; convert it again with its tokenizer")
+    return found
+
+
+def vocabulary_difference(target: str | Path, draft: str | Path) -> str | None:
+    """Why llama.cpp would refuse to pair the two GGUF files (its rule, read from their metadata), or None.
+
+    A setting only one file states is not compared (llama.cpp would fill the other from its defaults)."""
+    mt, md = pairing_metadata(target), pairing_metadata(draft)
+    t, d = mt[TOKENS_KEY], md[TOKENS_KEY]
+    if abs(len(t) - len(d)) > VOCAB_MAX_SIZE_DIFFERENCE:
+        return f"{len(d)} tokens against the target's {len(t)}, more than {VOCAB_MAX_SIZE_DIFFERENCE} apart"
+    where = next((i for i in range(VOCAB_CHECK_START_TOKEN_ID, min(len(t), len(d))) if t[i] != d[i]), None)
+    if where is not None:
+        return f"id {where} is {d[where]!r} in the draft, {t[where]!r} in the target"
+    keys = list(SPECIAL_KEYS)
+    for special in ("bos", "eos"):  # its id matters only where the target adds it
+        if mt.get(f"tokenizer.ggml.add_{special}_token"):
+            keys.append(f"tokenizer.ggml.{special}_token_id")
+    for key in keys:
+        a, b = mt.get(key), md.get(key)
+        if a is not None and b is not None and a != b:
+            return f"{key} is {b!r} in the draft, {a!r} in the target"
+    return None
+
+
+def check_vocabulary(target: str | Path, draft: str | Path) -> None:
+    """A one-line ValueError, before anything is timed, unless llama.cpp would pair the two GGUF files."""
+    check_draft_file(draft)
+    why = vocabulary_difference(check_gguf(target), draft)
+    if why is not None:
+        raise ValueError(f"draft {draft} does not share the vocabulary of target {target} ({why}); "
+                         "pair a draft made with the target's tokenizer")
+
+
+@dataclass(frozen=True)
+class CandidateAcceptance:
+    """A candidate's acceptance by position on some prompts: counts pooled over them, and how they were made."""
+
+    candidate: dict  # the proposer's identity()
+    acceptance: PositionalAcceptance
+    prompts: int
+    new_tokens: int
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"candidate": self.candidate, "acceptance": self.acceptance.to_dict(), "prompts": self.prompts,
+                "new_tokens": self.new_tokens, "max_new_tokens": self.max_new_tokens,
+                "temperature": self.temperature, "top_p": self.top_p}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CandidateAcceptance":
+        return cls(**{**d, "acceptance": PositionalAcceptance.from_dict(d["acceptance"])})
+
+
+def measure_acceptance(target, proposer: Proposer, prompts: Sequence[Sequence[int]], *, kmax: int,
+                       max_new_tokens: int = 64, temperature: float = 0.0, top_p: float | None = None,
+                       seed: int = 0, eos_token_id=None, vocab_limit: int | None = None) -> CandidateAcceptance:
+    """The proposer's acceptance by position at draft length kmax on `prompts` ([P_i] ids each), from
+    untimed `generate` calls (greedy by default; temperature/top-p otherwise, prompt i seeded seed + i)."""
+    if kmax < 1:
+        raise ValueError(f"kmax = {kmax}: the acceptance by position needs a draft length >= 1")
+    if not prompts:
+        raise ValueError("no prompts to measure the acceptance on; give at least one")
+    parts, new_tokens = [], 0
+    for i, prompt in enumerate(prompts):
+        out = generate(target, prompt, draft=proposer, k=kmax, max_new_tokens=max_new_tokens, temperature=temperature,
+                       top_p=top_p, seed=seed + i, eos_token_id=eos_token_id, vocab_limit=vocab_limit)
+        s = out.stats
+        parts.append(PositionalAcceptance(*counts_from_rounds(s.tokens_per_round, s.k_per_round,
+                                                              max_new_tokens=max_new_tokens, kmax=kmax)))
+        new_tokens += s.new_tokens
+    return CandidateAcceptance(candidate=proposer.identity() or {"proposer": type(proposer).__name__},
+                               acceptance=pooled(parts), prompts=len(prompts), new_tokens=new_tokens,
+                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """The proposer's cost of a round at k = 0..kmax, medians of `reps` timings, seconds.
+
+    plain: [kmax + 1] from the state after a round that rejected a draft (nothing to catch up);
+    catch_up: [kmax + 1] after a round that accepted every draft (one more token to feed first).
+    Index 0 is 0: a round at k = 0 does not call the proposer.
+    """
+
+    plain: tuple[float, ...]
+    catch_up: tuple[float, ...]
+    reps: int
+    context_tokens: int
+
+    @property
+    def kmax(self) -> int:
+        return len(self.plain) - 1
+
+    def to_dict(self) -> dict:
+        return {"plain": list(self.plain), "catch_up": list(self.catch_up), "reps": self.reps,
+                "context_tokens": self.context_tokens}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DraftCost":
+        return cls(plain=tuple(d["plain"]), catch_up=tuple(d["catch_up"]), reps=d["reps"],
+                   context_tokens=d["context_tokens"])
+
+
+def time_round(proposer: Proposer, context: torch.Tensor, k: int, catch_up: int, *, reps: int, warmup: int,
+               device) -> float:
+    """Median seconds of the proposer's part of one round at k: propose on `context` ([L] ids), then
+    commit as if every draft was accepted; before each (untimed) its state is cut back to L - 1 - catch_up."""
+    L = context.shape[0]
+
+    def one_round():
+        n = proposer.propose(context, k).tokens.shape[0]
+        proposer.commit(L + n)
+
+    reset = lambda: proposer.commit(L - 1 - catch_up)  # noqa: E731  a draft model's cache: the round's start
+    return timing.measure(one_round, reps=reps, warmup=warmup, flush=reset, device=device).median
+
+
+def measure_draft_cost(proposer: Proposer, *, target, context: Sequence[int], kmax: int, reps: int = 20,
+                       warmup: int = 3, temperature: float = 0.0, width: int | None = None,
+                       vocab_limit: int | None = None, device="cpu") -> DraftCost:
+    """h(k) for k = 0..kmax of the proposer on this machine, at the depth of `context` ([L] ids, L >= 2).
+
+    The proposer is begun on `context` (as `generate` begins it: untimed), then each k is timed with
+    `time_round`, without and with one token of catch-up. width: the sampler's width (default the
+    target's). warmup >= 1: the first call fills a draft model's cache with the context.
+    """
+    context = torch.as_tensor(list(context), dtype=torch.long)  # [L]
+    if context.shape[0] < 2 or kmax < 0 or warmup < 1:
+        raise ValueError(f"need a context of >= 2 tokens (got {context.shape[0]}), kmax >= 0 (got {kmax}) and "
+                         f"warmup >= 1 (got {warmup}: the first call fills the draft's cache)")
+    sampler = Sampler(SamplingConfig(temperature=temperature), width=width or target.width, vocab_limit=vocab_limit)
+    proposer.begin(target=target, prompt=context, max_new_tokens=kmax + 1, sampler=sampler)
+    plain, caught = [0.0], [0.0]
+    for k in range(1, kmax + 1):
+        plain.append(time_round(proposer, context, k, 0, reps=reps, warmup=warmup, device=device))
+        caught.append(time_round(proposer, context, k, 1, reps=reps, warmup=warmup, device=device))
+    return DraftCost(plain=tuple(plain), catch_up=tuple(caught), reps=reps, context_tokens=int(context.shape[0]))
+
+
+def expected_draft_cost(cost: DraftCost, alpha: Sequence) -> list:
+    """h_hat(k) = (1 - P(k)) plain(k) + P(k) catch_up(k), P(k) = prod_{i<=k} alpha_i the chance that the
+    previous round at k accepted all its drafts, so that this one feeds one more token. [kmax + 1]."""
+    if len(alpha) < cost.kmax:
+        raise ValueError(f"{len(alpha)} alphas for a draft cost to kmax = {cost.kmax}; give one per position")
+    out, survive = [cost.plain[0]], 1
+    for k in range(1, cost.kmax + 1):
+        survive = survive * alpha[k - 1]
+        out.append((1 - survive) * cost.plain[k] + survive * cost.catch_up[k])
+    return out
+
+
+def candidate_answer(tau: Sequence, cost: DraftCost, measured: CandidateAcceptance, *, delta=0) -> PositionalAnswer:
+    """The answer for one candidate: V_hat(k) = tau_hat(k + 1) + h_hat(k) (h_hat from `expected_draft_cost`
+    at the measured alphas), then `positional.answer`. tau: [kmax + 1], tau[k] the target's pass of k + 1
+    tokens (the chain's calibrated version); delta: its relative step-time error bound."""
+    kmax = len(tau) - 1
+    if cost.kmax != kmax or measured.acceptance.kmax < kmax:
+        raise ValueError(f"tau_hat goes to kmax = {kmax}, the draft cost to {cost.kmax} and the acceptance to "
+                         f"{measured.acceptance.kmax}; measure all three to the same kmax")
+    alpha = measured.acceptance.alpha[:kmax]
+    return answer(draft_step_times(tau, expected_draft_cost(cost, alpha)), measured.acceptance, delta=delta)

@@ -1,0 +1,252 @@
+"""Acceptance by draft position and the answer it gives for one draft (issue 50; cost-model paper Sec. 1, 3, App. B).
+
+Terms. A round at draft length k offers positions 1..k; position j is *at risk* when drafts 1..j-1
+were accepted, and alpha_j = P(draft j accepted | position j at risk) is the conditional acceptance
+(a short or empty proposal counts as a rejection at the first position it left out: that is what
+tokens per round see). The engine paper's "acceptance at position j" (Sec. 5, accepted/drafted) is
+the unconditional prod_{i<=j} alpha_i when every round drafts k tokens.
+
+E(k) = 1 + sum_{j=1..k} prod_{i<=j} alpha_i, the expected tokens a round commits (its accepted
+drafts plus the one recovered or bonus token). With alpha_i = a for every i it is the paper's
+G_a(k) = 1 + a + ... + a^k (Sec. 1): the geometric model is the case of constant alpha.
+
+V_hat(k) = tau_hat(k + 1) + h_hat(k): the target's pass of k + 1 tokens plus the draft's own cost.
+k_hat* = the smallest argmax of E(k)/V_hat(k), the speedup E(k_hat*) V_hat(0) / V_hat(k_hat*)
+(eq. (9) with E for G_a); k_hat* = 0 is the verdict "decode plainly".
+
+Exact on int/Fraction counts and times (no float is taken) except the intervals, which are Wilson
+score intervals (floats, 95% by default, one per position, not simultaneous).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from typing import Sequence
+
+from moespec.costmodel.bounds import speedup_bounds
+from moespec.costmodel.settings import draft_probability_floor
+from moespec.costmodel.theory import check_step_times, exact_div, is_exact
+
+Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile: a two-sided 95% interval
+PLAINLY = "decode plainly"
+SPECULATE = "speculate"
+
+
+def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (Wilson 1927); (0, 1) when trials = 0."""
+    if trials < 0 or not 0 <= successes <= trials:
+        raise ValueError(f"need 0 <= successes ({successes}) <= trials ({trials})")
+    if trials == 0:
+        return 0.0, 1.0
+    p, n = successes / trials, trials
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def counts_from_rounds(tokens_per_round: Sequence[int], k_per_round: Sequence[int], *, max_new_tokens: int,
+                       kmax: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(at_risk, accepted), each [kmax], from one call's rounds (`engine.stats.Stats` fields).
+
+    Round r offered k_r = min(chosen_r, tokens left - 1) positions (the engine's budget cap) and
+    accepted tokens_r - 1 drafts; position j is at risk in it when j <= k_r and drafts 1..j-1 were
+    accepted. A round an EOS cut short counts the drafts it kept.
+    """
+    if len(tokens_per_round) != len(k_per_round):
+        raise ValueError(f"{len(tokens_per_round)} token counts for {len(k_per_round)} draft lengths; "
+                         "give one per round")
+    at_risk, accepted = [0] * kmax, [0] * kmax
+    done = 0
+    for tokens, chosen in zip(tokens_per_round, k_per_round):
+        k = min(chosen, max_new_tokens - done - 1, kmax)
+        kept = tokens - 1
+        for j in range(min(k, kept + 1)):  # position j + 1 is at risk while drafts 1..j were kept
+            at_risk[j] += 1
+            accepted[j] += j < kept
+        done += tokens
+    return tuple(at_risk), tuple(accepted)
+
+
+@dataclass(frozen=True)
+class PositionalAcceptance:
+    """Counts by position and what follows from them. at_risk, accepted: [kmax] ints."""
+
+    at_risk: tuple[int, ...]
+    accepted: tuple[int, ...]
+    z: float = Z_95
+
+    def __post_init__(self):
+        if len(self.at_risk) != len(self.accepted):
+            raise ValueError(f"at_risk has {len(self.at_risk)} positions, accepted {len(self.accepted)}; "
+                             "give both [kmax]")
+        for j, (n, a) in enumerate(zip(self.at_risk, self.accepted), 1):
+            if not 0 <= a <= n:
+                raise ValueError(f"position {j}: accepted {a} must lie in 0..at_risk ({n})")
+
+    @property
+    def kmax(self) -> int:
+        return len(self.at_risk)
+
+    @property
+    def alpha(self) -> tuple[Fraction, ...]:
+        """[kmax] accepted/at_risk, exact; 0 where a position was never at risk (an earlier alpha is then 0
+        or the data stop there: the interval says (0, 1))."""
+        return tuple(Fraction(a, n) if n else Fraction(0) for a, n in zip(self.accepted, self.at_risk))
+
+    @property
+    def intervals(self) -> tuple[tuple[float, float], ...]:
+        """[kmax] Wilson intervals of alpha_j (level from z: 95% by default)."""
+        return tuple(wilson_interval(a, n, self.z) for a, n in zip(self.accepted, self.at_risk))
+
+    @property
+    def geometric(self) -> Fraction:
+        """The geometric fit a = sum accepted / sum at risk: the MLE when every alpha_j = a (Sec. 4)."""
+        n = sum(self.at_risk)
+        return Fraction(sum(self.accepted), n) if n else Fraction(0)
+
+    def to_dict(self) -> dict:
+        return {"at_risk": list(self.at_risk), "accepted": list(self.accepted), "z": self.z,
+                "alpha": [float(a) for a in self.alpha], "intervals": [list(i) for i in self.intervals],
+                "geometric": float(self.geometric)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PositionalAcceptance":
+        return cls(at_risk=tuple(d["at_risk"]), accepted=tuple(d["accepted"]), z=d.get("z", Z_95))
+
+
+def pooled(parts: Sequence[PositionalAcceptance]) -> PositionalAcceptance:
+    """The counts of several calls (prompts) added position by position; all must share kmax."""
+    if not parts or len({p.kmax for p in parts}) != 1:
+        raise ValueError(f"pool needs one or more counts of one kmax, got kmax {[p.kmax for p in parts]}")
+    return PositionalAcceptance(at_risk=tuple(map(sum, zip(*(p.at_risk for p in parts)))),
+                                accepted=tuple(map(sum, zip(*(p.accepted for p in parts)))), z=parts[0].z)
+
+
+def check_alpha(alpha: Sequence) -> list:
+    """alpha_1..alpha_kmax as a list, each checked to lie in [0, 1]."""
+    alpha = list(alpha)
+    for j, a in enumerate(alpha, 1):
+        if isinstance(a, bool) or not 0 <= a <= 1:
+            raise ValueError(f"alpha_{j} = {a!r} must be a number in [0, 1]")
+    return alpha
+
+
+def expected_tokens_positional(alpha: Sequence, k: int):
+    """E(k) = 1 + sum_{j<=k} prod_{i<=j} alpha_i; G_a(k) when every alpha_i = a. Exact on Fractions."""
+    alpha = check_alpha(alpha)
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= len(alpha):
+        raise ValueError(f"draft length k = {k!r} must be an int in 0..{len(alpha)} (the positions given)")
+    total, survive = 1, 1
+    for a in alpha[:k]:
+        survive = survive * a
+        total = total + survive
+    return total
+
+
+def draft_step_times(tau: Sequence, h: Sequence) -> list:
+    """V_hat(k) = tau_hat(k + 1) + h_hat(k) for k = 0..kmax. tau: [kmax + 1], tau[k] the target's pass
+    of k + 1 tokens; h: [kmax + 1], h[k] the draft's cost of a round at k (h[0] = 0: nothing proposed)."""
+    if len(tau) != len(h):
+        raise ValueError(f"tau has {len(tau)} entries and h {len(h)}; give both for k = 0..kmax")
+    for k, x in enumerate(h):
+        if x < 0:
+            raise ValueError(f"draft cost h({k}) = {x} must be >= 0")
+    return check_step_times([t + x for t, x in zip(tau, h)])
+
+
+def ratios(V: Sequence, alpha: Sequence) -> list:
+    """[kmax + 1] E(k)/V(k), tokens per unit time at each k (exact on exact inputs)."""
+    V = check_step_times(V)
+    if len(alpha) < len(V) - 1:
+        raise ValueError(f"V has {len(V)} entries (kmax = {len(V) - 1}) but only {len(alpha)} alphas")
+    return [exact_div(expected_tokens_positional(alpha, k), v) for k, v in enumerate(V)]
+
+
+def best_draft_length_positional(V: Sequence, alpha: Sequence) -> int:
+    """k_hat* = the smallest k in 0..kmax maximizing E(k)/V(k)."""
+    r = ratios(V, alpha)
+    best = max(r)
+    return r.index(best)
+
+
+def shortest_paying_draft_positional(V: Sequence, alpha: Sequence) -> int:
+    """n-min: the shortest j >= 1 with E(j)/V(j) > 1/V(0) (eq. (8) with E for G_a); 0 when none pays."""
+    r = ratios(V, alpha)
+    return next((j for j in range(1, len(r)) if r[j] > r[0]), 0)
+
+
+def plain(x):
+    """A Fraction as a float for JSON; other numbers unchanged."""
+    return float(x) if isinstance(x, Fraction) else x
+
+
+@dataclass(frozen=True)
+class PositionalAnswer:
+    """The answer for one candidate: k_hat*, its speedup and band, and the figures behind them.
+
+    expected: [kmax + 1] E(k); geometric: [kmax + 1] G_a(k) at the geometric fit a; step_times:
+    [kmax + 1] V_hat(k); speedup: E(k_hat*) V_hat(0) / V_hat(k_hat*); speedup_low/high: the band of
+    the true best speedup (`answer`); n_min, p_min: the settings from this V_hat (`costmodel.settings`).
+    """
+
+    k_star: int
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+    expected: tuple
+    geometric: tuple
+    step_times: tuple
+    n_min: int
+    p_min: float
+
+    @property
+    def verdict(self) -> str:
+        return PLAINLY if self.k_star == 0 else SPECULATE
+
+    def to_dict(self) -> dict:
+        d = {k: [plain(x) for x in v] if isinstance(v, tuple) else plain(v) for k, v in asdict(self).items()}
+        return {**d, "verdict": self.verdict}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PositionalAnswer":
+        names = cls.__dataclass_fields__.keys()
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names})
+
+
+def best_speedup(V: Sequence, alpha: Sequence):
+    """max_k E(k) V(0)/V(k): the best speedup the model predicts at these alphas."""
+    r = ratios(V, alpha)
+    return exact_div(max(r), r[0])
+
+
+def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0) -> PositionalAnswer:
+    """k_hat*, its speedup and its band for one candidate, from V_hat(0..kmax) and its positional counts.
+
+    The band holds the true best speedup T(k*)/T(0) when every alpha_j lies in its interval and every
+    V_hat(k) within delta of the true V(k) (bounds (21)): [max_k E_low(k) V(0)/V(k) (1 - delta)/(1 + delta),
+    max_k E_high(k) V(0)/V(k) (1 + delta)/(1 - delta)], E_low/E_high at the intervals' ends (E grows
+    with every alpha_j). A bandwidth error eps gives delta = eps/(1 - eps) (`bounds.delta_from_eps`).
+    """
+    V = check_step_times(V)
+    kmax = len(V) - 1
+    if acceptance.kmax < kmax:
+        raise ValueError(f"V_hat goes to kmax = {kmax} but the acceptance was counted to {acceptance.kmax} positions")
+    alpha = acceptance.alpha[:kmax]
+    if not all(is_exact(v) for v in V):
+        alpha = [float(a) for a in alpha]
+    k_star = best_draft_length_positional(V, alpha)
+    shrink, grow = speedup_bounds(delta)
+    lows, highs = zip(*acceptance.intervals[:kmax]) if kmax else ((), ())
+    Vf = [float(v) for v in V]
+    a = acceptance.geometric if all(is_exact(v) for v in V) else float(acceptance.geometric)
+    return PositionalAnswer(
+        k_star=k_star, speedup=exact_div(expected_tokens_positional(alpha, k_star) * V[0], V[k_star]),
+        speedup_low=float(best_speedup(Vf, lows) * shrink), speedup_high=float(best_speedup(Vf, highs) * grow),
+        expected=tuple(expected_tokens_positional(alpha, k) for k in range(kmax + 1)),
+        geometric=tuple(expected_tokens_positional([a] * kmax, k) for k in range(kmax + 1)),
+        step_times=tuple(V), n_min=shortest_paying_draft_positional(V, alpha),
+        p_min=draft_probability_floor(V) if kmax else 0,
+    )

@@ -1,0 +1,75 @@
+"""A GGUF file's metadata read by streaming its key-value section (GGUF v2/v3, little-endian).
+
+`gguf.GGUFReader` (`models.gguf_info`) maps the whole file and builds a view for every array
+element and tensor: on a 128k-token vocabulary that takes tens of seconds on a loaded machine. A
+check that needs a few keys before anything is loaded (the draft's vocabulary, `bench.candidate`)
+reads them here instead: one pass over the header, stopping after its key-value section, keeping
+only the keys asked for. Layout from ggml's docs/gguf.md: magic "GGUF", u32 version, u64 tensor
+count, u64 key-value count, then per pair a string key, a u32 value type and the value.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import BinaryIO, Iterable
+
+MAGIC = b"GGUF"
+# value type -> struct format of one scalar (ggml docs/gguf.md, gguf_type); 8 = string, 9 = array
+SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+STRING, ARRAY = 8, 9
+
+
+def read_exact(f: BinaryIO, n: int) -> bytes:
+    """n bytes, or a ValueError naming the file when it ends first (a damaged or cut file)."""
+    data = f.read(n)
+    if len(data) != n:
+        raise ValueError(f"{f.name} ends inside its GGUF metadata; copy or convert the file again")
+    return data
+
+
+def read_string(f: BinaryIO) -> str:
+    (n,) = struct.unpack("<Q", read_exact(f, 8))
+    return read_exact(f, n).decode("utf-8", errors="replace")
+
+
+def read_value(f: BinaryIO, kind: int, keep: bool):
+    """One value of type `kind`; skipped (None returned) unless `keep`, without decoding what is skipped."""
+    if kind in SCALARS:
+        fmt = SCALARS[kind]
+        data = read_exact(f, struct.calcsize(fmt))
+        return struct.unpack(fmt, data)[0] if keep else None
+    if kind == STRING:
+        (n,) = struct.unpack("<Q", read_exact(f, 8))
+        data = read_exact(f, n)
+        return data.decode("utf-8", errors="replace") if keep else None
+    if kind == ARRAY:
+        inner, count = struct.unpack("<IQ", read_exact(f, 12))
+        if inner in SCALARS and not keep:
+            f.seek(count * struct.calcsize(SCALARS[inner]), 1)
+            return None
+        items = [read_value(f, inner, keep) for _ in range(count)]
+        return items if keep else None
+    raise ValueError(f"{f.name} has a GGUF value of unknown type {kind}; is it a GGUF v2/v3 file?")
+
+
+def read_metadata(path: str | Path, keys: Iterable[str]) -> dict:
+    """{key: value} for each of `keys` the file holds (an array as a list); absent keys are left out."""
+    wanted = set(keys)
+    path = Path(path).expanduser()
+    with path.open("rb") as f:
+        if read_exact(f, 4) != MAGIC:
+            raise ValueError(f"{path} is not a GGUF file; convert the model with llama.cpp's convert_hf_to_gguf.py")
+        version, _, n_kv = struct.unpack("<IQQ", read_exact(f, 20))
+        if version not in (2, 3):
+            raise ValueError(f"{path} is GGUF version {version} (or big-endian); this reader takes v2 and v3")
+        found = {}
+        for _ in range(n_kv):
+            key = read_string(f)
+            (kind,) = struct.unpack("<I", read_exact(f, 4))
+            value = read_value(f, kind, key in wanted)
+            if key in wanted:
+                found[key] = value
+                if len(found) == len(wanted):
+                    break
+        return found

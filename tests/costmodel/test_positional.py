@@ -1,0 +1,119 @@
+"""Positional acceptance and the answer it gives (costmodel.positional): exact values worked by hand,
+the geometric case G_a(k), and k_hat* against a brute-force argmax."""
+
+from fractions import Fraction as F
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moespec.costmodel.positional import (
+    PLAINLY,
+    PositionalAcceptance,
+    PositionalAnswer,
+    answer,
+    best_draft_length_positional,
+    counts_from_rounds,
+    draft_step_times,
+    expected_tokens_positional,
+    pooled,
+    shortest_paying_draft_positional,
+    wilson_interval,
+)
+from moespec.costmodel.theory import expected_tokens
+
+
+def test_alpha_and_expected_tokens_by_hand():
+    acc = PositionalAcceptance(at_risk=(10, 8, 4), accepted=(8, 4, 1))
+    assert acc.alpha == (F(4, 5), F(1, 2), F(1, 4))
+    assert acc.geometric == F(13, 22)
+    # E(3) = 1 + 4/5 + 4/5*1/2 + 4/5*1/2*1/4 = 1 + 0.8 + 0.4 + 0.1
+    assert [expected_tokens_positional(acc.alpha, k) for k in range(4)] == [1, F(9, 5), F(11, 5), F(23, 10)]
+
+
+def test_answer_by_hand():
+    # V = 10, 12, 14, 16: E/V = 1/10, 3/20, 11/70, 23/160; the largest is 11/70 at k = 2
+    acc = PositionalAcceptance(at_risk=(10, 8, 4), accepted=(8, 4, 1))
+    a = answer([F(10), F(12), F(14), F(16)], acc)
+    assert a.k_star == 2 and a.speedup == F(11, 7) and a.verdict == "speculate"
+    assert a.n_min == 1 and a.p_min == F(1, 5)  # min increment 2 over V(0) = 10
+    assert a.speedup_low < 11 / 7 < a.speedup_high
+    assert PositionalAnswer.from_dict(a.to_dict()).k_star == 2
+
+
+def test_delta_widens_the_band_by_bounds_21():
+    acc = PositionalAcceptance(at_risk=(1000,), accepted=(500,))
+    tight, wide = answer([F(1), F(1)], acc), answer([F(1), F(1)], acc, delta=F(1, 10))
+    assert wide.speedup_low == pytest.approx(tight.speedup_low * 9 / 11)
+    assert wide.speedup_high == pytest.approx(tight.speedup_high * 11 / 9)
+
+
+def test_a_draft_that_costs_too_much_says_decode_plainly():
+    # acceptance 1/2 at position 1; a step that doubles with one draft: E(1)/V(1) = 3/4 < 1
+    acc = PositionalAcceptance(at_risk=(4,), accepted=(2,))
+    V = draft_step_times([F(1), F(3, 2)], [0, F(1, 2)])
+    assert V == [1, 2]
+    a = answer(V, acc)
+    assert a.k_star == 0 and a.verdict == PLAINLY and a.speedup == 1 and a.n_min == 0
+
+
+def test_wilson_interval_by_hand():
+    # 0 of 0: no information; 5 of 10: symmetric about 1/2, half-width z/(1+z^2/10) sqrt(1/40 + z^2/400)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    lo, hi = wilson_interval(5, 10)
+    assert lo == pytest.approx(0.2365931) and hi == pytest.approx(0.7634069)
+
+
+def test_counts_from_rounds_by_hand():
+    # k = 3, 9 tokens: rounds commit 4 (all accepted), 1 (first rejected), 3 (two accepted), then the
+    # budget leaves 1 token: k = 0, nothing at risk
+    at_risk, accepted = counts_from_rounds([4, 1, 3, 1], [3, 3, 3, 3], max_new_tokens=9, kmax=3)
+    assert at_risk == (3, 2, 2) and accepted == (2, 2, 1)
+    assert pooled([PositionalAcceptance(at_risk, accepted)] * 2).at_risk == (6, 4, 4)
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="accepted 3 must lie"):
+        PositionalAcceptance(at_risk=(2,), accepted=(3,))
+    with pytest.raises(ValueError, match="draft cost h"):
+        draft_step_times([1, 1], [0, -1])
+    with pytest.raises(ValueError, match="counted to 1 positions"):
+        answer([1, 1, 1], PositionalAcceptance(at_risk=(1,), accepted=(1,)))
+
+
+fractions = st.fractions(min_value=0, max_value=1, max_denominator=50)
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=st.fractions(min_value=0, max_value=F(49, 50), max_denominator=50), k=st.integers(0, 8))
+def test_constant_alpha_is_the_geometric_g(a, k):
+    assert expected_tokens_positional([a] * 8, k) == expected_tokens(a, k)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), kmax=st.integers(0, 6))
+def test_k_star_is_the_brute_force_argmax(data, kmax):
+    V = data.draw(st.lists(st.fractions(min_value=F(1, 10), max_value=10, max_denominator=20),
+                           min_size=kmax + 1, max_size=kmax + 1))
+    alpha = data.draw(st.lists(fractions, min_size=kmax, max_size=kmax))
+    rates = []
+    for k in range(kmax + 1):
+        e, survive = F(1), F(1)
+        for a in alpha[:k]:
+            survive *= a
+            e += survive
+        rates.append(e / V[k])
+    brute = min(k for k in range(kmax + 1) if rates[k] == max(rates))
+    assert best_draft_length_positional(V, alpha) == brute
+    n_min = shortest_paying_draft_positional(V, alpha)
+    assert n_min == next((j for j in range(1, kmax + 1) if rates[j] > rates[0]), 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 6), data=st.data())
+def test_expected_tokens_at_k_is_the_mean_tokens_per_round(k, data):
+    # with every round at k (no budget cut), prod_{i<=j} alpha_i = accepted_j / rounds, so E(k) is
+    # exactly the mean tokens a round committed
+    tokens = data.draw(st.lists(st.integers(1, k + 1), min_size=1, max_size=40))
+    acc = PositionalAcceptance(*counts_from_rounds(tokens, [k] * len(tokens), max_new_tokens=10**6, kmax=k))
+    assert expected_tokens_positional(acc.alpha, k) == F(sum(tokens), len(tokens))
