@@ -24,5 +24,5 @@ def test_the_header_reads_as_the_gguf_package_reads_it(converted):
 def test_a_header_cut_short_is_named(converted, tmp_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(converted["olmoe"]["q8_0"].read_bytes()[:4096])  # inside the vocabulary's array
-    with pytest.raises(ValueError, match="cut.gguf's GGUF header cannot be read .*ends early"):
-        read_metadata(cut, {"olmoe.expert_count"})
+    with pytest.raises(ValueError, match="cut.gguf ends inside its GGUF metadata"):
+        read_metadata(cut, {"no.such.key"})  # read to the end of the section

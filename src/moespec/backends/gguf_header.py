@@ -1,75 +1,81 @@
-"""A GGUF file's metadata, read from its header with the standard library alone, before llama.cpp
-opens the file: llama.cpp aborts the process (no error to catch) on MoE fields that contradict each
-other, so they are checked here first (`check_moe_fields`).
+"""A GGUF file's metadata read by streaming its key-value section (GGUF v2/v3, little-endian), with
+the standard library alone, before llama.cpp or the gguf package opens the file.
 
-The header (GGUF v2/v3): magic "GGUF", version u32, tensor count u64, metadata count u64, then each
-metadata entry as key (u64 length + UTF-8), value type u32 and value; arrays hold an element type
-u32, a count u64 and the elements. Only the metadata is read, never a tensor.
+Two uses: llama.cpp aborts the process (no error to catch) on MoE fields that contradict each other,
+so `check_moe_fields` reads them first; and `gguf.GGUFReader` (`models.gguf_info`) maps the whole
+file and builds a view for every array element and tensor (tens of seconds on a 128k-token
+vocabulary on a loaded machine), so a check that needs a few keys before anything is loaded (the
+draft's vocabulary, `bench.candidate`) reads them here: one pass over the header, stopping once the
+keys asked for are found. Layout from ggml's docs/gguf.md: magic "GGUF", u32 version, u64 tensor
+count, u64 key-value count, then per pair a string key, a u32 value type and the value; an array
+holds an element type u32, a count u64 and the elements. No tensor is read.
 """
 
 from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO, Iterable
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+MAGIC = b"GGUF"
+# value type -> struct format of one scalar (ggml docs/gguf.md, gguf_type); 8 = string, 9 = array
+SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
 
 
-def _read(f: BinaryIO, fmt: str):
-    size = struct.calcsize(fmt)
-    raw = f.read(size)
-    if len(raw) != size:
-        raise ValueError("the header ends early")
-    return struct.unpack(fmt, raw)[0]
+def read_exact(f: BinaryIO, n: int) -> bytes:
+    """n bytes, or a ValueError naming the file when it ends first (a damaged or cut file)."""
+    data = f.read(n)
+    if len(data) != n:
+        raise ValueError(f"{f.name} ends inside its GGUF metadata; copy or convert the file again")
+    return data
 
 
-def _string(f: BinaryIO) -> str:
-    n = _read(f, "<Q")
-    raw = f.read(n)
-    if len(raw) != n:
-        raise ValueError("the header ends early")
-    return raw.decode("utf-8", errors="replace")
+def read_string(f: BinaryIO) -> str:
+    (n,) = struct.unpack("<Q", read_exact(f, 8))
+    return read_exact(f, n).decode("utf-8", errors="replace")
 
 
-def _value(f: BinaryIO, kind: int, keep: bool) -> Any:
-    """The value of type `kind` at f's position (arrays skipped: None unless `keep`)."""
-    if kind in _SCALARS:
-        return _read(f, _SCALARS[kind])
+def read_value(f: BinaryIO, kind: int, keep: bool):
+    """One value of type `kind`; skipped (None returned) unless `keep`, without decoding what is skipped."""
+    if kind in SCALARS:
+        fmt = SCALARS[kind]
+        data = read_exact(f, struct.calcsize(fmt))
+        return struct.unpack(fmt, data)[0] if keep else None
     if kind == STRING:
-        return _string(f)
+        (n,) = struct.unpack("<Q", read_exact(f, 8))
+        data = read_exact(f, n)
+        return data.decode("utf-8", errors="replace") if keep else None
     if kind == ARRAY:
-        inner, count = _read(f, "<I"), _read(f, "<Q")
-        if inner in _SCALARS and not keep:
-            f.seek(count * struct.calcsize(_SCALARS[inner]), 1)
+        inner, count = struct.unpack("<IQ", read_exact(f, 12))
+        if inner in SCALARS and not keep:
+            f.seek(count * struct.calcsize(SCALARS[inner]), 1)
             return None
-        items = [_value(f, inner, keep) for _ in range(count)]
+        items = [read_value(f, inner, keep) for _ in range(count)]
         return items if keep else None
-    raise ValueError(f"unknown metadata value type {kind}")
+    raise ValueError(f"{f.name} has a GGUF value of unknown type {kind}; is it a GGUF v2/v3 file?")
 
 
-def read_metadata(path: str | Path, keys: set[str]) -> dict[str, Any]:
-    """{key: value} for those of `keys` the file's metadata holds; ValueError naming the file when
-    its header is not GGUF or is cut short."""
-    path = Path(path)
-    found: dict[str, Any] = {}
-    try:
-        with path.open("rb") as f:
-            if f.read(4) != b"GGUF":
-                raise ValueError("it does not start with GGUF")
-            version = _read(f, "<I")
-            if version < 2:
-                raise ValueError(f"GGUF version {version} predates the 64-bit header this reader knows")
-            _read(f, "<Q")
-            for _ in range(_read(f, "<Q")):
-                key, kind = _string(f), _read(f, "<I")
-                value = _value(f, kind, keep=key in keys)
-                if key in keys:
-                    found[key] = value
-    except (ValueError, struct.error, OSError) as e:
-        raise ValueError(f"{path}'s GGUF header cannot be read ({e}); copy or convert the file again") from None
-    return found
+def read_metadata(path: str | Path, keys: Iterable[str]) -> dict:
+    """{key: value} for each of `keys` the file holds (an array as a list); absent keys are left out."""
+    wanted = set(keys)
+    path = Path(path).expanduser()
+    with path.open("rb") as f:
+        if read_exact(f, 4) != MAGIC:
+            raise ValueError(f"{path} is not a GGUF file; convert the model with llama.cpp's convert_hf_to_gguf.py")
+        version, _, n_kv = struct.unpack("<IQQ", read_exact(f, 20))
+        if version not in (2, 3):
+            raise ValueError(f"{path} is GGUF version {version} (or big-endian); this reader takes v2 and v3")
+        found = {}
+        for _ in range(n_kv):
+            key = read_string(f)
+            (kind,) = struct.unpack("<I", read_exact(f, 4))
+            value = read_value(f, kind, key in wanted)
+            if key in wanted:
+                found[key] = value
+                if len(found) == len(wanted):
+                    break
+        return found
 
 
 def check_moe_fields(path: str | Path) -> None:

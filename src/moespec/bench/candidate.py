@@ -37,7 +37,7 @@ from moespec.costmodel.positional import (
 from moespec.engine.decode import generate
 from moespec.engine.proposers import Proposer
 from moespec.engine.sampling import Sampler, SamplingConfig
-from moespec.models.gguf_metadata import read_metadata
+from moespec.backends.gguf_header import read_metadata
 
 TOKENS_KEY = "tokenizer.ggml.tokens"  # the GGUF metadata key of the vocabulary, one string per id
 # llama.cpp's pairing rule (common/speculative.cpp, common_speculative_are_compatible): sizes within

@@ -1,10 +1,10 @@
-"""The streaming metadata reader (models.gguf_metadata) agrees with gguf.GGUFReader on every value type."""
+"""The streaming metadata reader (backends.gguf_header) agrees with gguf.GGUFReader on every value type."""
 
 import gguf
 import numpy as np
 import pytest
 
-from moespec.models.gguf_metadata import read_metadata
+from moespec.backends.gguf_header import read_metadata
 
 VALUES = {
     "t.u8": (7, gguf.GGUFValueType.UINT8), "t.i8": (-7, gguf.GGUFValueType.INT8),
