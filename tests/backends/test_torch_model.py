@@ -48,3 +48,24 @@ def test_sliding_window_past_its_window_cannot_roll_back():
     cached.extend(torch.arange(10))
     with pytest.raises(ValueError, match="DynamicCache.*DynamicSlidingWindowLayer"):
         cached.truncate(7)
+
+
+def test_a_prompt_and_budget_beyond_the_model_positions_are_refused_before_any_pass():
+    """A torch model holds its config's max_position_embeddings (8192 for the synthetic presets); a
+    budget past them was decoded until killed (max_new_tokens 10^9) or silently past the rope table."""
+    from typer.testing import CliRunner
+
+    from moespec.cli.main import app
+    from moespec.engine.decode import generate
+    from moespec.models import load
+
+    model, _ = load("synthetic:olmoe-tiny")
+    cached = CachedModel(model)
+    assert cached.capacity == model.config.max_position_embeddings == 8192
+    with pytest.raises(ValueError, match="context holds 8192 positions, but a 8000-token prompt, max_new_tokens=500"):
+        generate(cached, list(range(1, 201)) * 40, max_new_tokens=500)
+    assert cached.forward_s == 0.0  # refused before any pass
+    r = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["generate", "--target", "synthetic:olmoe-tiny", "--prompt", "x",
+                                                       "--max-new-tokens", "1000000000"])
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert r.exit_code != 0 and len(lines) == 1 and "context holds 8192 positions" in lines[0], r.output

@@ -51,6 +51,14 @@ class CachedModel(GreedyByLogits):
         return None if value is None else int(value)
 
     @property
+    def capacity(self) -> int | None:
+        """The most positions the model was built for (its config's `max_position_embeddings`; None when
+        it declares none): past them a position embedding or a rope table runs out, so the engine
+        refuses a prompt and budget beyond them before any pass, as llama.cpp's context does."""
+        value = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        return None if value is None else int(value)
+
+    @property
     def width(self) -> int:
         """Number of logits per position (the output layer's rows, padding included)."""
         head = self.model.get_output_embeddings()
