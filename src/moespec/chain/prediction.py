@@ -392,7 +392,7 @@ def seed_step_times(path: str | Path, *, max_k: int, kernel: str = "auto", versi
 
 class StepTimesNotFound(ValueError):
     """A prediction artifact lacks the step times asked for; `argument` names what to change
-    ("path", "depth", "version" or "kernel")."""
+    ("path", "depth", "version", "kernel" or "max_k")."""
 
     def __init__(self, message: str, argument: str):
         super().__init__(message)
@@ -411,8 +411,8 @@ class PredictedStepTimes:
 def predicted_step_times(path: str | Path, *, kernel: str, version: str | None = None, depth: int | None = None,
                          fallback: bool = False, max_k: int | None = None) -> PredictedStepTimes:
     """The step times (22) of one version and kernel at one depth (default: the first) of a predict
-    artifact. `version` None, or any `version` with `fallback`, reads the first available in
-    PREFERENCE order; a named one without `fallback` must be there. `max_k` keeps V(0..max_k)."""
+    artifact. `version` None reads the first available in PREFERENCE order; a named one must be
+    there, or with `fallback` it is tried first and then that order. `max_k` keeps V(0..max_k)."""
     try:
         depths = payload_of(path, KIND).get("depths") or []
     except (ValueError, FileNotFoundError) as e:
