@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from moespec import artifacts
 from moespec.cli.main import app
-from moespec.cli.traces import parse_n_range
+from moespec.cli.options import parse_n_range
 from moespec.moe.traces import RoutingTrace
 
 runner = CliRunner()

@@ -22,7 +22,7 @@ def cli_console() -> Console:
     return Console(width=max(PIPED_WIDTH, shutil.get_terminal_size((PIPED_WIDTH, 24)).columns))
 
 
-# A user's mistake: moespec raises these with the offending value and the fix (DESIGN.md, Conventions).
+# A user's mistake: moespec raises these with the offending value and the fix (docs/robustness.md).
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 

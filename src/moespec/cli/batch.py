@@ -15,8 +15,7 @@ from rich.table import Table
 from moespec import artifacts
 from moespec.cli.app import app, cli_console
 from moespec.cli.checks import interval, output_folder
-from moespec.cli.settings import _parse_sizes
-from moespec.cli.theory import _acceptances
+from moespec.cli.options import parse_acceptances, parse_sizes
 
 DEFAULT_ACCEPTANCES = ("0.3", "0.5", "0.7", "0.8", "0.9", "0.95")
 
@@ -79,8 +78,8 @@ def batch_command(
 
     model = gguf_only(model)
     try:
-        knobs = BatchKnobs(sizes=tuple(_parse_sizes(batch_sizes)), max_k=max_k, acceptances=tuple(
-            float(a) for a in _acceptances(acceptance or list(DEFAULT_ACCEPTANCES))), prompt_tokens=prompt_tokens,
+        knobs = BatchKnobs(sizes=tuple(parse_sizes(batch_sizes)), max_k=max_k, acceptances=tuple(
+            float(a) for a in parse_acceptances(acceptance or list(DEFAULT_ACCEPTANCES))), prompt_tokens=prompt_tokens,
             new_tokens=max_new_tokens, reps=reps, trace_tokens=trace_tokens, threads=threads)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="'--max-new-tokens'") from e

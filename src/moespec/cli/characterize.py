@@ -19,25 +19,9 @@ from moespec.bench.expert_op import MOESPEC_KERNELS, TRANSFORMERS_KERNELS
 from moespec.cli import checks
 from moespec.cli.app import app, cli_console
 from moespec.cli.checks import interval, model_spec, output_file
-from moespec.cli.traces import parse_n_range
+from moespec.cli.options import parse_layers, parse_n_range
 from moespec.costmodel.fit import fit_pass_sizes
 from moespec.kernel_names import COST_DEDUP, COST_KERNELS, COST_SLOT
-
-
-def parse_layers(text: str) -> list[int | str]:
-    """MoE-layer indices from "0,mid" (ints, negatives from the end, or "mid")."""
-    layers: list[int | str] = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        if part == "mid":
-            layers.append(part)
-        else:
-            try:
-                layers.append(int(part))
-            except ValueError:
-                raise typer.BadParameter(f"layer {part!r} must be an integer or 'mid'") from None
-    if not layers:
-        raise typer.BadParameter("give at least one layer, e.g. --layers 0,mid")
-    return layers
 
 
 def _fit_range(text: str) -> str:
@@ -127,24 +111,12 @@ def characterize(
     console = cli_console()
     if points_path(out).exists() and not restart:
         console.print(f"resuming from {points_path(out)}")
+    first, last = parse_n_range(n)
     payload = run_characterize(
-        model,
-        traces,
-        layers=parse_layers(layers),
-        n=range(parse_n_range(n)[0], parse_n_range(n)[1] + 1),
-        reps=reps,
-        u_points=u_points or None,
-        windows=windows,
-        verified=verified,
-        verified_reps=verified_reps,
-        kernels=[k.strip() for k in kernels.split(",") if k.strip()],
-        out=out,
-        dtype=dtype,
-        flush_bytes=None if flush_mib is None else flush_mib * 1024**2,
-        seed=seed,
-        progress=True,
-        restart=restart,
-    )
+        model, traces, layers=parse_layers(layers), n=range(first, last + 1), reps=reps, u_points=u_points or None,
+        windows=windows, verified=verified, verified_reps=verified_reps,
+        kernels=[k.strip() for k in kernels.split(",") if k.strip()], out=out, dtype=dtype,
+        flush_bytes=None if flush_mib is None else flush_mib * 1024**2, seed=seed, progress=True, restart=restart)
     from moespec.report.fig_bandwidth import plot_bandwidth
 
     png = plot_bandwidth(payload, figure or out.with_suffix(".png"))

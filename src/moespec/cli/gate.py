@@ -93,13 +93,13 @@ def gate_cmd(
 ) -> None:
     """Check that speculative decoding of this pair is lossless; exit 1 if any level fails."""
     from moespec import artifacts
-    from moespec.engine.decode import check_pairing
     from moespec.checks.gate import run_gate
+    from moespec.engine.draft_choice import DraftChoice
 
     console = cli_console()
     model, tok = load_model(target, backend, threads=threads, exact=exact)
-    draft_model, draft_tok = load_model(draft, draft_backend, threads=threads)
-    check_pairing(tok, draft_tok)
+    draft_model = DraftChoice(model=draft).proposer(
+        tokenizer=tok, load_draft=lambda spec: load_model(spec, draft_backend, threads=threads))
     result = run_gate(model, draft_model, tok, prompts=prompts, ks=k, max_k=max_k, samples=samples,
                       greedy_tokens=greedy_tokens, trials=trials, mock_runs=mock_runs, seed=seed,
                       progress=lambda message: console.print(message, style="dim"))

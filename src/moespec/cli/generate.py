@@ -14,7 +14,38 @@ from moespec.cli.checks import (ROUTING_HELP, MAX_DRAFT, backend_name, draft_len
 from moespec.cli.loading import BACKEND_HELP, load_model
 from moespec.kernel_names import AUTO
 
-
+# The options whose help runs long, declared here so that the command's signature reads as a list.
+TARGET = typer.Option(..., "--target", callback=model_spec,
+                      help="Target model: synthetic:NAME, trained:NAME, smollm2, a local .gguf file or checkpoint folder.")
+K = typer.Option("4", "-k", "--k", callback=draft_length,
+                 help=f"Draft tokens per round, 0..{MAX_DRAFT} (0 = plain decoding), or 'auto': each round the k in "
+                      "0..--max-k with the most expected tokens/s.")
+PROMPT_FILE = typer.Option(None, "--prompt-file", exists=True, dir_okay=False,
+                           help="Read the prompt from a UTF-8 text file; repeat it to decode several prompts as one batch "
+                                "(llama.cpp), one sequence each.")
+EXPERTS = typer.Option(
+    AUTO, "--experts", callback=experts_implementation,
+    help="Expert kernel of MoE models: moespec_auto (compiled; per-slot below the crossover, dedup from it), "
+         "moespec_slot, moespec_dedup, their torch versions moespec_torch_*, or a transformers one "
+         "(grouped_mm, batched_mm, eager). Dense models ignore it.")
+FAST_LINEAR = typer.Option(True, "--fast-linear/--torch-linear",
+                           help="Linear layers of decode and verify passes: compiled small-n products "
+                                "(moespec.fast_linear), or torch's F.linear.")
+WARM_START = typer.Option(
+    True, "--warm-start/--no-warm-start",
+    help="-k auto: seed the step times right after the prefill from those that earlier calls of these models "
+         "measured on this machine (~/.cache/moespec/step-times.json; a first call learns them from its rounds); "
+         "the call's measured times are kept for the next. Off: learn them from the rounds alone, keep nothing.")
+STEP_TIMES_FROM = typer.Option(
+    None, "--step-times-from", exists=True, dir_okay=False,
+    help="-k auto: seed the step times V(0..--max-k) from a prediction artifact (`moespec predict`)")
+DRAFT_BACKEND = typer.Option(None, "--draft-backend", callback=backend_name,
+                             help="The draft model's backend (default as for the target); mixed pairs are fine when "
+                                  "the vocabularies agree.")
+EXACT = typer.Option(False, "--exact", help="Every target pass computes the same function (no one-token pass; on "
+                                            "llama.cpp no flash attention), so greedy output is the same tokens at "
+                                            "every -k and in plain decoding. Without it a quantized llama.cpp "
+                                            "target's logits depend on the pass size: see the README.")
 def _encode(tok, text: str) -> list[int]:
     from moespec.models.tokenizer import ByteTokenizer
 
@@ -53,20 +84,17 @@ def _policy_rows(table: Table, stats) -> None:
         table.add_row("warm start", f"{source[warm['source']]}, {1e3 * warm['seconds']:.1f} ms")
 
 
+
 @app.command("generate")
 def generate_cmd(
-    target: str = typer.Option(..., "--target", callback=model_spec,
-                               help="Target model: synthetic:NAME, trained:NAME, smollm2, a local .gguf file or "
-                                    "checkpoint folder."),
+    target: str = TARGET,
     draft: Optional[str] = typer.Option(None, "--draft", callback=model_spec,
                                         help="Draft model spec (must share the target's tokenizer)."),
     prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", callback=interval(1),
                                                 help="Draft by n-gram prompt lookup, n-gram size N >= 1."),
     oracle_acceptance: Optional[float] = typer.Option(None, "--oracle-acceptance", callback=interval(0, 1),
                                                       help="Oracle draft at acceptance A in [0, 1] (greedy only)."),
-    k: str = typer.Option("4", "-k", "--k", callback=draft_length,
-                          help=f"Draft tokens per round, 0..{MAX_DRAFT} (0 = plain decoding), or 'auto': "
-                               "each round the k in 0..--max-k with the most expected tokens/s."),
+    k: str = K,
     max_k: int = typer.Option(8, "--max-k", callback=interval(1, MAX_DRAFT),
                               help=f"Largest draft length of -k auto, 1..{MAX_DRAFT}."),
     temperature: float = typer.Option(0.0, "--temperature", callback=interval(0), help=">= 0; 0 is greedy."),
@@ -76,169 +104,158 @@ def generate_cmd(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", callback=interval(1), help="tokens to generate, >= 1"),
     seed: int = typer.Option(0, "--seed", callback=interval(0)),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="Prompt text."),
-    prompt_file: Optional[list[Path]] = typer.Option(None, "--prompt-file", exists=True, dir_okay=False,
-                                                     help="Read the prompt from a UTF-8 text file; repeat it to decode "
-                                                          "several prompts as one batch (llama.cpp), one sequence each."),
+    prompt_file: Optional[list[Path]] = PROMPT_FILE,
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt as a user turn in the tokenizer's chat template "
                                                      "(instruct models such as smollm2)."),
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding and print the speedup."),
     json_out: Optional[Path] = typer.Option(None, "--json", callback=output_file,
                                             help="Write the result artifact here."),
-    experts: str = typer.Option(
-        AUTO, "--experts", callback=experts_implementation,
-        help="Expert kernel of MoE models: moespec_auto (compiled; per-slot below the crossover, dedup from it), "
-             "moespec_slot, moespec_dedup, their torch versions moespec_torch_*, or a transformers one "
-             "(grouped_mm, batched_mm, eager). Dense models ignore it."),
-    fast_linear: bool = typer.Option(True, "--fast-linear/--torch-linear",
-                                     help="Linear layers of decode and verify passes: compiled small-n products "
-                                          "(moespec.fast_linear), or torch's F.linear."),
+    experts: str = EXPERTS,
+    fast_linear: bool = FAST_LINEAR,
     routing: Optional[Path] = typer.Option(None, "--routing", callback=routing_file, help=ROUTING_HELP),
-    warm_start: bool = typer.Option(
-        True, "--warm-start/--no-warm-start",
-        help="-k auto: seed the step times right after the prefill from those that earlier calls of these models "
-             "measured on this machine (~/.cache/moespec/step-times.json; a first call learns them from its rounds); "
-             "the call's measured times are kept for the next. Off: learn them from the rounds alone, keep nothing."),
-    step_times_from: Optional[Path] = typer.Option(
-        None, "--step-times-from", exists=True, dir_okay=False,
-        help="-k auto: seed the step times V(0..--max-k) from a prediction artifact (`moespec predict`)"),
+    warm_start: bool = WARM_START,
+    step_times_from: Optional[Path] = STEP_TIMES_FROM,
     backend: Optional[str] = typer.Option(None, "--backend", callback=backend_name, help="Target's backend: " + BACKEND_HELP),
-    draft_backend: Optional[str] = typer.Option(None, "--draft-backend", callback=backend_name,
-                                                help="The draft model's backend (default as for the target); "
-                                                     "mixed pairs are fine when the vocabularies agree."),
+    draft_backend: Optional[str] = DRAFT_BACKEND,
     threads: Optional[int] = typer.Option(None, "--threads", callback=interval(1),
                                           help="llama.cpp's threads, >= 1 (default: all cores)."),
-    exact: bool = typer.Option(False, "--exact", help="Every target pass computes the same function (no one-token "
-                                                      "pass; on llama.cpp no flash attention), so greedy output is "
-                                                      "the same tokens at every -k and in plain decoding. Without "
-                                                      "it a quantized llama.cpp target's logits depend on the pass "
-                                                      "size: see the README."),
+    exact: bool = EXACT,
 ) -> None:
     """Decode with a target and a draft (model, prompt lookup or oracle), losslessly.
 
     A .gguf target decodes on llama.cpp when moespec[llama] is installed (--backend torch keeps the
     transformers path)."""
-    from moespec import artifacts
-    from moespec.engine.decode import check_pairing, generate
-    from moespec.engine.proposers import OracleDraft, PromptLookup
-    from moespec.models.specs import resolve_backend
-    from moespec.texts import read_text
-
-    if sum(x is not None for x in (draft, prompt_lookup, oracle_acceptance)) > 1:
-        raise typer.BadParameter("choose at most one of --draft, --prompt-lookup, --oracle-acceptance")
+    choice = _draft_choice(draft, prompt_lookup, oracle_acceptance, temperature)
     if (prompt is None) == (not prompt_file):
         raise typer.BadParameter("give exactly one of --prompt and --prompt-file")
-    if oracle_acceptance is not None and temperature > 0:
-        raise typer.BadParameter(f"the oracle draft needs greedy decoding (--temperature 0), got --temperature {temperature}")
-    console = cli_console()
+    sampling = dict(max_k=max_k, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens)
+    models = dict(target=target, backend=backend, draft_backend=draft_backend, threads=threads, exact=exact)
     if prompt_file and len(prompt_file) > 1:
         if compare or step_times_from is not None or chat:
             raise typer.BadParameter("--compare, --step-times-from and --chat take one prompt, not a batch of "
                                      "prompt files")
-        return _batch(target=target, draft=draft, prompt_lookup=prompt_lookup, oracle_acceptance=oracle_acceptance,
-                      texts=[read_text(f) for f in prompt_file], files=prompt_file, k=k, max_k=max_k,
-                      temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
-                      backend=backend, draft_backend=draft_backend, threads=threads, exact=exact, json_out=json_out,
-                      console=console)
-    text = prompt if prompt is not None else read_text(prompt_file[0])
+        return _batch(choice=choice, files=prompt_file, k=k, sampling=sampling, seed=seed, json_out=json_out, **models)
+    from moespec.texts import read_text
 
-    model, tok = load_model(target, backend, threads=threads, exact=exact, experts_implementation=experts,
-                            routing=routing, fast_linear=fast_linear)
-    proposer = None
-    if draft is not None:
-        proposer, draft_tok = load_model(draft, draft_backend, threads=threads, experts_implementation=experts,
-                                         fast_linear=fast_linear)
-        check_pairing(tok, draft_tok)
-    elif prompt_lookup is not None:
-        proposer = PromptLookup(prompt_lookup)
-    elif oracle_acceptance is not None:
-        proposer = OracleDraft(oracle_acceptance, seed=seed)
+    _single(choice=choice, text=prompt if prompt is not None else read_text(prompt_file[0]), chat=chat, k=k,
+            sampling=sampling, seed=seed, step_times_from=step_times_from, warm_start=warm_start, compare=compare,
+            json_out=json_out, torch_options=dict(experts_implementation=experts, fast_linear=fast_linear),
+            routing=routing, **models)
 
-    if chat:
-        from moespec.texts import chat_ids
 
-        try:
-            input_ids = chat_ids(tok, text)
-        except ValueError as e:
-            raise typer.BadParameter(f"--chat: {e}") from None
-    else:
-        input_ids = _encode(tok, text)
-    seeded = None  # V(0..max_k) for -k auto
-    if step_times_from is not None:
-        from moespec.chain.prediction import seed_step_times
+def _single(*, choice, text: str, chat: bool, k, sampling: dict, seed: int, step_times_from: Path | None,
+            warm_start: bool, compare: bool, json_out: Path | None, torch_options: dict, routing: Path | None,
+            target: str, backend, draft_backend, threads, exact: bool) -> None:
+    """One prompt (`engine.compare.generate_compared`): the text, the figures, and with --compare plain decoding's."""
+    from moespec.engine.compare import generate_compared
 
-        if k != "auto":
-            raise typer.BadParameter(f"--step-times-from seeds -k auto; got -k {k}")
-        seeded = seed_step_times(step_times_from, max_k=max_k) if proposer is not None else None
-    kwargs = dict(max_k=max_k, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
-                  eos_token_id=tok.eos_token_id, seed=seed, vocab_limit=len(tok))
-    if compare:  # one short untimed run of each path, so neither timing carries first-call warm-up
-        warm = {**kwargs, "max_new_tokens": min(4, max_new_tokens)}
-        generate(model, input_ids, draft=proposer, k=k if proposer is not None else 0, step_times=seeded,
-                 warm_start=False, **warm)
-        generate(model, input_ids, k=0, **warm)
-    result = generate(model, input_ids, draft=proposer, k=k if proposer is not None else 0, step_times=seeded,
-                      warm_start=warm_start, **kwargs)
-    console.print(tok.decode(result.tokens), markup=False, highlight=False)
-    console.print(_stats_table("speculative" if proposer is not None else "plain decoding", result.stats))
+    model, tok = load_model(target, backend, threads=threads, exact=exact, routing=routing, **torch_options)
+    proposer = choice.proposer(tokenizer=tok, seed=seed, load_draft=lambda spec: load_model(
+        spec, draft_backend, threads=threads, **torch_options))
+    seeded = _seeded_step_times(step_times_from, k, sampling["max_k"], read=choice.speculative)
+    kwargs = {**sampling, "eos_token_id": tok.eos_token_id, "seed": seed, "vocab_limit": len(tok)}
+    run = generate_compared(model, _input_ids(tok, text, chat), draft=proposer, k=choice.draft_length(k),
+                            step_times=seeded, warm_start=warm_start, compare=compare, **kwargs)
+    from moespec.models.specs import resolve_backend
 
-    payload = {"target": target, "draft": draft, "prompt_lookup": prompt_lookup,
-               "oracle_acceptance": oracle_acceptance, "k": k, "experts": experts, "fast_linear": fast_linear,
+    payload = {"target": target, "draft": choice.model, "prompt_lookup": choice.prompt_lookup,
+               "oracle_acceptance": choice.oracle_acceptance, "k": k,
+               "experts": torch_options["experts_implementation"], "fast_linear": torch_options["fast_linear"],
                "backend": resolve_backend(target, backend or "auto"), "draft_backend": draft_backend,
-               "threads": threads, "exact": exact,
-               "step_times": seeded, "warm_start": warm_start, "text": text,
-               "chat": chat,
-               **kwargs,
-               "result": result.to_dict()}
-    if compare:
-        plain = generate(model, input_ids, draft=None, k=0, **kwargs)
-        console.print(_stats_table("plain decoding", plain.stats))
-        speedup = result.stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else float("nan")
-        same = "identical tokens" if plain.tokens == result.tokens else "different tokens (sampling)"
-        console.print(f"speedup {speedup:.2f}x over plain decoding; {same}")
-        payload.update(plain=plain.to_dict(), speedup=speedup)
+               "threads": threads, "exact": exact, "step_times": seeded, "warm_start": warm_start, "text": text,
+               "chat": chat, **kwargs}
+    _report(run, tok, payload, json_out, speculative=choice.speculative)
+
+
+def _draft_choice(draft, prompt_lookup, oracle_acceptance, temperature: float):
+    """The options' `engine.draft_choice.DraftChoice`, a usage error when they clash."""
+    from moespec.engine.draft_choice import DraftChoice
+
+    try:
+        return DraftChoice(model=draft, prompt_lookup=prompt_lookup, oracle_acceptance=oracle_acceptance,
+                           temperature=temperature)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def _input_ids(tok, text: str, chat: bool) -> list[int]:
+    """The prompt's ids: plain, or as a user turn in the tokenizer's chat template (--chat)."""
+    if not chat:
+        return _encode(tok, text)
+    from moespec.texts import chat_ids
+
+    try:
+        return chat_ids(tok, text)
+    except ValueError as e:
+        raise typer.BadParameter(f"--chat: {e}") from None
+
+
+def _seeded_step_times(path: Path | None, k, max_k: int, *, read: bool) -> list[float] | None:
+    """V(0..max_k) for -k auto from a prediction artifact (--step-times-from) when `read` (something
+    drafts), else None."""
+    if path is None:
+        return None
+    if k != "auto":
+        raise typer.BadParameter(f"--step-times-from seeds -k auto; got -k {k}")
+    from moespec.chain.prediction import seed_step_times
+
+    return seed_step_times(path, max_k=max_k) if read else None
+
+
+def _report(run, tok, payload: dict, json_out: Path | None, *, speculative: bool) -> None:
+    """The decoded text and the figures (plain decoding's and the speedup when compared); the artifact."""
+    from moespec import artifacts
+
+    console = cli_console()
+    console.print(tok.decode(run.result.tokens), markup=False, highlight=False)
+    console.print(_stats_table("speculative" if speculative else "plain decoding", run.result.stats))
+    payload = {**payload, "result": run.result.to_dict()}
+    if run.plain is not None:
+        console.print(_stats_table("plain decoding", run.plain.stats))
+        same = "identical tokens" if run.same_tokens else "different tokens (sampling)"
+        console.print(f"speedup {run.speedup:.2f}x over plain decoding; {same}")
+        payload.update(plain=run.plain.to_dict(), speedup=run.speedup)
     if json_out is not None:
         artifacts.write(json_out, "generate", payload)
         console.print(f"wrote {json_out}")
 
 
-def _batch(*, target: str, draft: str | None, prompt_lookup: int | None, oracle_acceptance: float | None,
-           texts: list[str], files: list[Path], k, max_k: int, temperature: float, top_k, top_p, max_new_tokens: int,
-           seed: int, backend, draft_backend, threads, exact: bool, json_out: Path | None, console) -> None:
+def _batch(*, choice, files: list[Path], k, sampling: dict, seed: int, json_out: Path | None, target: str, backend,
+           draft_backend, threads, exact: bool) -> None:
     """Several prompt files decoded as one batch (`engine.batch.generate_batch`), one sequence each."""
     from moespec import artifacts
     from moespec.engine.batch import generate_batch
-    from moespec.engine.decode import check_pairing
-    from moespec.engine.proposers import OracleDraft, PromptLookup
+    from moespec.texts import read_text
 
+    texts = [read_text(f) for f in files]
     B = len(texts)
     model, tok = load_model(target, backend, threads=threads, exact=exact, sequences=B)
-    proposer = None
-    if draft is not None:
-        proposer, draft_tok = load_model(draft, draft_backend, threads=threads, exact=exact, sequences=B)
-        check_pairing(tok, draft_tok)
-    elif prompt_lookup is not None:
-        proposer = PromptLookup(prompt_lookup)
-    elif oracle_acceptance is not None:
-        proposer = [OracleDraft(oracle_acceptance, seed=seed + i) for i in range(B)]
-    prompts = [_encode(tok, text) for text in texts]
-    results = generate_batch(model, prompts, draft=proposer, k=k if proposer is not None else 0, max_k=max_k,
-                             temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
-                             eos_token_id=tok.eos_token_id, seed=seed, vocab_limit=len(tok))
-    table = Table("sequence", "prompt file", "new tokens", "rounds", "acceptance", "stop",
-                  title=f"a batch of {B} sequences")
-    for i, (f, r) in enumerate(zip(files, results)):
-        table.add_row(str(i), str(f), str(r.stats.new_tokens), str(r.stats.rounds),
-                      f"{r.stats.acceptance:.3f}" if r.stats.drafted else "-", r.stats.stop_reason)
+    proposer = choice.proposer(tokenizer=tok, seed=seed, sequences=B, load_draft=lambda spec: load_model(
+        spec, draft_backend, threads=threads, exact=exact, sequences=B))
+    results = generate_batch(model, [_encode(tok, text) for text in texts], draft=proposer, k=choice.draft_length(k),
+                             **sampling, eos_token_id=tok.eos_token_id, seed=seed, vocab_limit=len(tok))
+    console = cli_console()
     for i, r in enumerate(results):
         console.print(f"[{i}] {tok.decode(r.tokens)}", markup=False, highlight=False)
-    console.print(table)
+    console.print(_batch_table(files, results))
     batch = results[0].batch
     console.print(f"batch: {batch.new_tokens} tokens in {batch.total_s:.2f} s, {batch.tokens_per_s:.1f} tokens/s, "
                   f"{batch.rounds} rounds")
     if json_out is not None:
         artifacts.write(json_out, "generate", {
-            "target": target, "draft": draft, "prompt_lookup": prompt_lookup, "oracle_acceptance": oracle_acceptance,
-            "k": k, "max_k": max_k, "threads": threads, "exact": exact, "temperature": temperature, "top_k": top_k,
-            "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed, "prompt_files": [str(f) for f in files],
-            "texts": texts, "results": [{**r.to_dict(), "batch": None} for r in results], "batch": batch.to_dict()})
+            "target": target, "draft": choice.model, "prompt_lookup": choice.prompt_lookup,
+            "oracle_acceptance": choice.oracle_acceptance, "k": k, "max_k": sampling["max_k"], "threads": threads,
+            "exact": exact, "temperature": sampling["temperature"], "top_k": sampling["top_k"],
+            "top_p": sampling["top_p"], "max_new_tokens": sampling["max_new_tokens"], "seed": seed,
+            "prompt_files": [str(f) for f in files], "texts": texts,
+            "results": [{**r.to_dict(), "batch": None} for r in results], "batch": batch.to_dict()})
         console.print(f"wrote {json_out}")
+
+
+def _batch_table(files: list[Path], results) -> Table:
+    table = Table("sequence", "prompt file", "new tokens", "rounds", "acceptance", "stop",
+                  title=f"a batch of {len(results)} sequences")
+    for i, (f, r) in enumerate(zip(files, results)):
+        table.add_row(str(i), str(f), str(r.stats.new_tokens), str(r.stats.rounds),
+                      f"{r.stats.acceptance:.3f}" if r.stats.drafted else "-", r.stats.stop_reason)
+    return table

@@ -12,7 +12,7 @@ from moespec.bench.measure_base import H_PROBE_ACCEPTANCE
 from moespec.texts import PROMPT_COUNT
 from moespec.cli.app import app, cli_console
 from moespec.cli.checks import MAX_DRAFT, ROUTING_HELP, interval, model_spec, output_file, routing_file
-from moespec.cli.characterize import parse_layers
+from moespec.cli.options import parse_layers
 from moespec.cli.loading import BACKEND_HELP
 from moespec.kernel_names import ENGINE_KERNELS
 
@@ -144,13 +144,13 @@ def _measure_batch(model: str, batch_sizes: str, *, k, acceptance, depth, new_to
                    restart: bool) -> None:
     from moespec.chain.batch_chain import BatchKnobs, measure
     from moespec.cli.batch import DEFAULT_ACCEPTANCES, gguf_only
-    from moespec.cli.settings import _parse_sizes
+    from moespec.cli.options import parse_sizes
 
     path = gguf_only(model)
     if restart and out.exists():
         out.replace(out.with_name(out.name + ".old"))
     try:
-        knobs = BatchKnobs(sizes=tuple(_parse_sizes(batch_sizes)), max_k=max(k) if k else 4,
+        knobs = BatchKnobs(sizes=tuple(parse_sizes(batch_sizes)), max_k=max(k) if k else 4,
                            acceptances=tuple(float(a) for a in acceptance or DEFAULT_ACCEPTANCES),
                            prompt_tokens=depth[0] if depth else 128, new_tokens=new_tokens or 48, reps=reps or 3,
                            threads=threads)

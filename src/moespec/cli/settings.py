@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
 from pathlib import Path
-from typing import Annotated
+from typing import Optional
 
 import typer
 from rich.table import Table
 
 from moespec.cli.app import app, cli_console
 from moespec.cli.checks import interval, output_file
-from moespec.cli.theory import _acceptances, _step_times
-from moespec.costmodel.predict import ACCEPTANCE_GRID, KERNELS, PREFERENCE, VERSIONS, preferred_version
+from moespec.cli.options import acceptance_grid, parse_batch_step_times, parse_sizes, parse_step_times
+from moespec.costmodel.predict import KERNELS, PREFERENCE, VERSIONS
 from moespec.costmodel.settings import (
     DRAFT_PLACEHOLDER,
     ENGINES,
@@ -21,40 +20,33 @@ from moespec.costmodel.settings import (
 )
 from moespec.kernel_names import COST_DEDUP
 
+# The option a `chain.prediction.StepTimesNotFound` names, by the argument it names.
+PREDICTION_OPTIONS = {"path": "'--prediction'", "depth": "'--depth'", "version": "'--version'", "kernel": "'--kernel'"}
+VERSION_HELP = (f"prediction version, one of {VERSIONS} (default: {PREFERENCE[0]}, else the first of {PREFERENCE[1:]} "
+                "there)")
+BATCH_STEP_TIMES_HELP = ("B=V_B(0),V_B(1),... in ms, the step times at batch size B; repeatable: the settings per "
+                         "batch size")
+TIMED_HELP = "a GGUF target whose V_B(k) to time on llama.cpp at --batch-sizes (a GGUF --draft is timed too)"
 
 
-def _prediction_step_times(path: Path, version: str | None, kernel: str, depth: int | None) -> tuple[list, str, int]:
-    """(V in seconds, the version read, its depth) from a predict artifact; a named version must be there."""
-    from moespec.chain.prediction import KIND, payload_of
+def _prediction_step_times(path: Path, version: str | None, kernel: str, depth: int | None) -> tuple[list, list, str]:
+    """(V in seconds, V in ms, where it came from) from a predict artifact (`chain.prediction.predicted_step_times`)."""
+    from moespec.chain.prediction import StepTimesNotFound, predicted_step_times
 
     try:
-        payload = payload_of(path, KIND)
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e), param_hint="'--prediction'") from None
-    depths = payload.get("depths") or []
-    entries = {int(e["depth"]): e for e in depths}
-    if not entries:
-        raise typer.BadParameter(f"{path} predicts no depth; run `moespec predict` again", param_hint="'--prediction'")
-    entry = depths[0] if depth is None else entries.get(depth)
-    if entry is None:
-        raise typer.BadParameter(f"{path} predicts depths {sorted(entries)}, not {depth}; pass one of them",
-                                 param_hint="'--depth'")
-    found = entry.get("versions", {})
-    if version is None:
-        version = preferred_version(found)
-        if version is None:
-            why = "; ".join(f"{v}: {u.get('message')}" for v, u in entry.get("unavailable", {}).items())
-            raise typer.BadParameter(f"{path} holds no predicted version at depth {entry['depth']} ({why or 'none'})",
-                                     param_hint="'--prediction'")
-    elif version not in found:
-        why = entry.get("unavailable", {}).get(version, {}).get("message")
-        raise typer.BadParameter(f"{path} has no {version!r} version at depth {entry['depth']}"
-                                 f"{f' ({why})' if why else ''}; use one of {sorted(found)}", param_hint="'--version'")
-    V = found[version].get("V", {}).get(kernel)
-    if V is None:
-        raise typer.BadParameter(f"kernel {kernel!r} is not in the {version!r} version of {path}; "
-                                 f"use one of {sorted(found[version].get('V', {}))}", param_hint="'--kernel'")
-    return [float(v) for v in V], version, int(entry["depth"])
+        read = predicted_step_times(path, kernel=kernel, version=version, depth=depth)
+    except StepTimesNotFound as e:
+        raise typer.BadParameter(str(e), param_hint=PREDICTION_OPTIONS[e.argument]) from None
+    return read.V, [1e3 * v for v in read.V], f"{path}: {read.version} version, {kernel} kernel, depth {read.depth}"
+
+
+def _given_step_times(text: str) -> tuple[list, list, str]:
+    """(V, V in ms, where it came from) from --step-times, in ms."""
+    V = parse_step_times(text)
+    if len(V) < 2:
+        raise typer.BadParameter(f"{text!r} gives only V(0); give V(0),V(1),... (kmax >= 1) such as 10,11,13",
+                                 param_hint="'--step-times'")
+    return V, V, "--step-times"
 
 
 def _choice(value: str | None, valid, option: str) -> str | None:
@@ -75,34 +67,31 @@ def _summary(s) -> str:
 
 @app.command()
 def settings(
-    prediction: Annotated[Path | None, typer.Option(help="a predict artifact (moespec predict / demo), or a batch one (moespec batch): per batch size")] = None,
-    version: Annotated[str | None, typer.Option(help=f"prediction version, one of {VERSIONS} (default: "
-                                                     f"{PREFERENCE[0]}, else the first of {PREFERENCE[1:]} there)")] = None,
-    kernel: Annotated[str, typer.Option(help=f"kernel whose V̂(k) to use, one of {KERNELS}")] = COST_DEDUP,
-    depth: Annotated[int | None, typer.Option(help="context depth of the prediction (default: its first)")] = None,
-    step_times: Annotated[str | None, typer.Option(help="V(0),V(1),...,V(kmax) in ms, instead of --prediction")] = None,
-    acceptance: Annotated[list[str] | None, typer.Option("--acceptance", "-a", help="acceptance a in [0, 1); "
-                                                         "repeatable (default: the paper's grid)")] = None,
-    engine: Annotated[str, typer.Option(help=f"one of {ENGINES} or 'all'")] = "all",
-    draft: Annotated[str | None, typer.Option(help="draft model path or name to put in the settings")] = None,
-    prompt_lookup: Annotated[int | None, typer.Option(callback=interval(1), help="draft by n-gram prompt lookup, "
-                                                      "n-gram size N >= 1")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", callback=output_file,
-                                                  help="also write the settings as a JSON artifact")] = None,
-    batch_step_times: Annotated[list[str] | None, typer.Option(
-        "--batch-step-times", help="B=V_B(0),V_B(1),... in ms, the step times at batch size B; repeatable: the "
-                                   "settings per batch size")] = None,
-    batch_sizes: Annotated[str | None, typer.Option(help="batch sizes such as 1,2,4,8 to time on --timed's file: "
-                                                         "the settings per batch size")] = None,
-    timed: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="a GGUF target whose V_B(k) to "
-                                               "time on llama.cpp at --batch-sizes (a GGUF --draft is timed too)")] = None,
-    max_k: Annotated[int, typer.Option(callback=interval(1, 16), help="largest draft length timed (--timed)")] = 6,
-    depth_timed: Annotated[int, typer.Option("--timed-depth", callback=interval(1),
-                                             help="tokens each sequence holds when timed (--timed)")] = 128,
-    reps: Annotated[int, typer.Option(callback=interval(1), help="timed passes per point (--timed)")] = 7,
-    threads: Annotated[int | None, typer.Option(callback=interval(1), help="llama.cpp threads (--timed)")] = None,
-    max_batch: Annotated[int | None, typer.Option(callback=interval(1), help="the last vLLM range ends here "
-                                                  "(default: the largest batch size)")] = None,
+    prediction: Optional[Path] = typer.Option(None, help="a predict artifact (moespec predict / demo), or a batch one "
+                                              "(moespec batch): per batch size"),
+    version: Optional[str] = typer.Option(None, help=VERSION_HELP),
+    kernel: str = typer.Option(COST_DEDUP, help=f"kernel whose V̂(k) to use, one of {KERNELS}"),
+    depth: Optional[int] = typer.Option(None, help="context depth of the prediction (default: its first)"),
+    step_times: Optional[str] = typer.Option(None, help="V(0),V(1),...,V(kmax) in ms, instead of --prediction"),
+    acceptance: Optional[list[str]] = typer.Option(None, "--acceptance", "-a", help="acceptance a in [0, 1); "
+                                                   "repeatable (default: the paper's grid)"),
+    engine: str = typer.Option("all", help=f"one of {ENGINES} or 'all'"),
+    draft: Optional[str] = typer.Option(None, help="draft model path or name to put in the settings"),
+    prompt_lookup: Optional[int] = typer.Option(None, callback=interval(1), help="draft by n-gram prompt lookup, "
+                                                "n-gram size N >= 1"),
+    json_out: Optional[Path] = typer.Option(None, "--json", callback=output_file,
+                                            help="also write the settings as a JSON artifact"),
+    batch_step_times: Optional[list[str]] = typer.Option(None, "--batch-step-times", help=BATCH_STEP_TIMES_HELP),
+    batch_sizes: Optional[str] = typer.Option(None, help="batch sizes such as 1,2,4,8 to time on --timed's file: "
+                                              "the settings per batch size"),
+    timed: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, help=TIMED_HELP),
+    max_k: int = typer.Option(6, callback=interval(1, 16), help="largest draft length timed (--timed)"),
+    depth_timed: int = typer.Option(128, "--timed-depth", callback=interval(1),
+                                    help="tokens each sequence holds when timed (--timed)"),
+    reps: int = typer.Option(7, callback=interval(1), help="timed passes per point (--timed)"),
+    threads: Optional[int] = typer.Option(None, callback=interval(1), help="llama.cpp threads (--timed)"),
+    max_batch: Optional[int] = typer.Option(None, callback=interval(1), help="the last vLLM range ends here "
+                                            "(default: the largest batch size)"),
 ) -> None:
     """Draft length, n-min and p-min for llama.cpp, vLLM and SGLang from k̂*(a) and V̂(k): at batch size 1,
     or per batch size (--prediction batch-prediction.json, --batch-step-times, or --batch-sizes with --timed FILE.gguf)."""
@@ -122,21 +111,23 @@ def settings(
         raise typer.BadParameter("give exactly one of --prediction and --step-times", param_hint="'--step-times'")
     if draft is not None and prompt_lookup is not None:
         raise typer.BadParameter("give --draft or --prompt-lookup, not both", param_hint="'--draft'")
-    if prediction is not None:
-        V, version, depth = _prediction_step_times(prediction, version, kernel, depth)
-        V_ms = [1e3 * v for v in V]
-        origin = f"{prediction}: {version} version, {kernel} kernel, depth {depth}"
-    else:
-        V = V_ms = _step_times(step_times)
-        origin = "--step-times"
-        if len(V) < 2:
-            raise typer.BadParameter(f"{step_times!r} gives only V(0); give V(0),V(1),... (kmax >= 1) such as 10,11,13",
-                                     param_hint="'--step-times'")
-    grid = _acceptances(acceptance) if acceptance else [Fraction(str(a)) for a in ACCEPTANCE_GRID]
-    result = recommend(V, grid, draft=draft, prompt_lookup=prompt_lookup, engines=engines)
-
+    V, V_ms, origin = (_prediction_step_times(prediction, version, kernel, depth) if prediction is not None
+                       else _given_step_times(step_times))
+    result = recommend(V, acceptance_grid(acceptance), draft=draft, prompt_lookup=prompt_lookup, engines=engines)
     console = cli_console()
-    console.print(f"V̂(0..{len(V) - 1}) from {origin}: " + ", ".join(f"{float(v):.4g}" for v in V_ms) + " ms")
+    _print_settings(console, result, V_ms, origin, engines, placeholder=draft is None and prompt_lookup is None)
+    if json_out is not None:
+        from moespec.artifacts import write
+
+        payload = result.to_dict()
+        del payload["step_times"]  # seconds from a prediction, ms from --step-times: written once, in ms
+        write(json_out, "settings", {"source": origin, "step_times_ms": [float(v) for v in V_ms], **payload})
+        console.print(f"wrote {json_out}")
+
+
+def _print_settings(console, result, V_ms: list, origin: str, engines, *, placeholder: bool) -> None:
+    """The step times, a0 and the step points, the table of settings per acceptance, and each engine's line."""
+    console.print(f"V̂(0..{len(V_ms) - 1}) from {origin}: " + ", ".join(f"{float(v):.4g}" for v in V_ms) + " ms")
     console.print(f"a0 = {float(result.first_draft_threshold):.4g}; step points a_j = "
                   + ", ".join(f"{float(x):.4g}" for x in result.step_points)
                   + f"; p-min floor = {flag_number(result.p_min)}")
@@ -150,47 +141,10 @@ def settings(
             line = s.fragment if s.speculate else f"{s.fragment}  # {s.note}".lstrip()
             console.print(f"a = {float(row.acceptance):.4g}, {s.engine}: {line}", soft_wrap=True, markup=False,
                           highlight=False)
-    if draft is None and prompt_lookup is None:
+    if placeholder:
         console.print(f"{DRAFT_PLACEHOLDER} stands for your draft model: name it with --draft, or use --prompt-lookup")
     console.print("Not modelled here: batch size > 1 (--batch-sizes, --batch-step-times) and tree drafts "
                   "(see docs/settings.md).")
-
-    if json_out is not None:
-        from moespec.artifacts import write
-
-        payload = result.to_dict()
-        del payload["step_times"]  # seconds from a prediction, ms from --step-times: written once, in ms
-        write(json_out, "settings", {"source": origin, "step_times_ms": [float(v) for v in V_ms], **payload})
-        console.print(f"wrote {json_out}")
-
-
-def _parse_batch_step_times(texts: list[str]) -> dict:
-    """{B: V_B in ms} from ["1=10,11,13", "4=14,17,22"]."""
-    out = {}
-    for text in texts:
-        B, sep, times = text.partition("=")
-        if not sep or not B.strip().isdigit() or int(B) < 1:
-            raise typer.BadParameter(f"{text!r} is not B=V(0),V(1),... with a batch size B >= 1, such as 4=14,17,22",
-                                     param_hint="'--batch-step-times'")
-        if int(B) in out:
-            raise typer.BadParameter(f"batch size {int(B)} is given twice", param_hint="'--batch-step-times'")
-        V = _step_times(times)
-        if len(V) < 2:
-            raise typer.BadParameter(f"{text!r} gives only V(0); give V(0),V(1),... (kmax >= 1)",
-                                     param_hint="'--batch-step-times'")
-        out[int(B)] = V
-    return out
-
-
-def _parse_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(x) for x in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
-        raise typer.BadParameter(f"{text!r} is not a list of distinct batch sizes >= 1 such as 1,2,4,8",
-                                 param_hint="'--batch-sizes'")
-    return sorted(sizes)
 
 
 def _batch_step_times(*, batch_step_times, batch_sizes, timed, max_k, depth, reps, threads, draft, console,
@@ -214,7 +168,7 @@ def _batch_step_times(*, batch_step_times, batch_sizes, timed, max_k, depth, rep
         if batch_sizes or timed is not None:
             raise typer.BadParameter("give --batch-step-times, or --batch-sizes with --timed, not both",
                                      param_hint="'--batch-step-times'")
-        return _parse_batch_step_times(batch_step_times), "--batch-step-times", None
+        return parse_batch_step_times(batch_step_times), "--batch-step-times", None
     if not batch_sizes or timed is None:
         raise typer.BadParameter("--batch-sizes and --timed go together: the batch sizes to time and the GGUF file "
                                  "to time them on", param_hint="'--timed'" if batch_sizes else "'--batch-sizes'")
@@ -222,7 +176,7 @@ def _batch_step_times(*, batch_step_times, batch_sizes, timed, max_k, depth, rep
 
     from moespec.bench.batch_passes import batch_step_times as time_batches
 
-    sizes = _parse_sizes(batch_sizes)
+    sizes = parse_sizes(batch_sizes)
     draft_file = Path(draft) if draft is not None and draft.endswith(".gguf") and Path(draft).is_file() else None
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"timing passes of {sizes} sequences on {timed.name}", total=None)
@@ -253,8 +207,21 @@ def _batches(*, batch_step_times, batch_sizes, timed, max_k, depth, reps, thread
     if max_batch is not None and max_batch < max(V):
         raise typer.BadParameter(f"--max-batch {max_batch} is below the largest batch size, {max(V)}",
                                  param_hint="'--max-batch'")
-    grid = _acceptances(acceptance) if acceptance else [Fraction(str(a)) for a in ACCEPTANCE_GRID]
-    rows = recommend_batches(V, grid, draft=draft, prompt_lookup=prompt_lookup, max_batch=max_batch)
+    rows = recommend_batches(V, acceptance_grid(acceptance), draft=draft, prompt_lookup=prompt_lookup, max_batch=max_batch)
+    _print_batch_settings(console, V, origin, rows, placeholder=draft is None and prompt_lookup is None)
+    if json_out is not None:
+        from moespec.artifacts import write
+
+        write(json_out, "settings", {"source": origin, "batch_step_times_ms": {str(B): [float(v) for v in row]
+                                                                                for B, row in V.items()},
+                                     "timing": record and {k: v for k, v in record.items() if k != "V"},
+                                     "draft": draft, "prompt_lookup": prompt_lookup,
+                                     "rows": [r.to_dict() for r in rows]})
+        console.print(f"wrote {json_out}")
+
+
+def _print_batch_settings(console, V: dict, origin: str, rows, *, placeholder: bool) -> None:
+    """V_B(k), the table of k̂* per batch size, and each engine's line per acceptance."""
     console.print(f"V_B(k) from {origin}, ms:")
     for B, row in V.items():
         console.print(f"  B = {B}: " + ", ".join(f"{float(v):.4g}" for v in row), highlight=False)
@@ -277,14 +244,5 @@ def _batches(*, batch_step_times, batch_sizes, timed, max_k, depth, reps, thread
                           markup=False, highlight=False)
     console.print("llama-server and SGLang take one draft length for every batch: use the line of the batch size you "
                   "run most (docs/settings.md#batch-sizes).")
-    if draft is None and prompt_lookup is None:
+    if placeholder:
         console.print(f"{DRAFT_PLACEHOLDER} stands for your draft model: name it with --draft, or use --prompt-lookup")
-    if json_out is not None:
-        from moespec.artifacts import write
-
-        write(json_out, "settings", {"source": origin, "batch_step_times_ms": {str(B): [float(v) for v in row]
-                                                                                for B, row in V.items()},
-                                     "timing": record and {k: v for k, v in record.items() if k != "V"},
-                                     "draft": draft, "prompt_lookup": prompt_lookup,
-                                     "rows": [r.to_dict() for r in rows]})
-        console.print(f"wrote {json_out}")

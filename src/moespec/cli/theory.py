@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
 from pathlib import Path
 from typing import Optional
 
@@ -11,35 +10,8 @@ from rich.table import Table
 
 from moespec.cli.app import app, cli_console
 from moespec.cli.checks import output_file
-from moespec.costmodel.theory import check_acceptance, check_step_times, summarize
-
-
-def _parse_number(text: str, option: str) -> Fraction:
-    """A decimal or a ratio such as 7/20, kept exact so that the calculator computes exactly."""
-    try:
-        return Fraction(text.strip())
-    except (ValueError, ZeroDivisionError):
-        raise typer.BadParameter(f"{text!r} is not a number (write 12.5 or 25/2)", param_hint=option) from None
-
-
-def _step_times(text: str) -> list:
-    """V(0..kmax) from "10,11,13": every entry a positive number (an empty one is a typo, not skipped)."""
-    entries = text.split(",")
-    for i, entry in enumerate(entries):
-        if not entry.strip():
-            raise typer.BadParameter(f"entry {i + 1} of {text!r} is empty; write V(0),V(1),... such as 10,11,13",
-                                     param_hint="'--step-times'")
-    try:
-        return check_step_times([_parse_number(v, "'--step-times'") for v in entries])
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="'--step-times'") from None
-
-
-def _acceptances(texts: list[str]) -> list:
-    try:
-        return [check_acceptance(_parse_number(a, "'--acceptance'")) for a in texts]
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="'--acceptance'") from None
+from moespec.cli.options import parse_acceptances, parse_step_times
+from moespec.costmodel.theory import summarize
 
 
 def _fmt(x) -> str:
@@ -58,7 +30,7 @@ def theory(
                                             help="also write the result as a JSON artifact"),
 ) -> None:
     """Best draft length k*(a), its speedup, the step points a_j and a0 from step times V(0..kmax)."""
-    s = summarize(_step_times(step_times), _acceptances(acceptance))
+    s = summarize(parse_step_times(step_times), parse_acceptances(acceptance))
     console = cli_console()
 
     steps = Table("k", "V(k)", "c_k = V(k) - V(k-1)", title="step times")

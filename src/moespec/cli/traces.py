@@ -14,18 +14,7 @@ from moespec.texts import PROMPT_COUNT
 from moespec.cli import checks
 from moespec.cli.app import app, cli_console
 from moespec.cli.checks import ROUTING_HELP, backend_name, interval, model_spec, output_file, routing_file
-
-
-def parse_n_range(text: str) -> tuple[int, int]:
-    """'1..9' -> (1, 9); a single number '9' means 1..9."""
-    lo, sep, hi = text.partition("..")
-    try:
-        a, b = (int(lo), int(hi)) if sep else (1, int(lo))
-    except ValueError:
-        raise typer.BadParameter(f"--n takes a range like 1..9 or a largest n like 9; got {text!r}") from None
-    if not 1 <= a <= b:
-        raise typer.BadParameter(f"--n needs 1 <= first <= last; got {text!r}")
-    return a, b
+from moespec.cli.options import parse_n_range
 
 
 def _n_range(text: str) -> str:
@@ -83,42 +72,40 @@ def trace(
 
     texts = read_corpus(corpus) if corpus else default_corpus()
     names = [str(p) for p in corpus] if corpus else ["moespec:data/corpus"]
-    if _on_llama(model, backend, {"--weights": weights, "--routing": routing, "--for-gguf": for_gguf,
-                                  "--dtype": dtype != "float32"}):
-        from moespec.chain.llama_inputs import record_gguf_routing
-        from moespec.models import gguf
-
-        path = gguf.resolve(model)
-        with _progress(0) as progress:
-            task = progress.add_task("trace", total=max_tokens)
-            n_docs, n_tokens = record_gguf_routing(path, out, texts=texts, tokens=max_tokens, threads=threads,
-                                                   chunk=chunk, corpus=names,
-                                                   on_tokens=lambda t: progress.advance(task, t))
-        cli_console().print(f"wrote {out}: {n_docs} documents, {n_tokens} tokens (routing read from llama.cpp)")
-        return
-    if threads is not None:
+    on_llama = _on_llama(model, backend, {"--weights": weights, "--routing": routing, "--for-gguf": for_gguf,
+                                          "--dtype": dtype != "float32"})
+    if not on_llama and threads is not None:
         raise typer.BadParameter("--threads sets llama.cpp's threads; the torch backend uses torch's")
-    from moespec.models import load
-    from moespec.moe.routing import record_to_file, tokenize
+    with _progress(0) as progress:
+        task = progress.add_task("trace", total=max_tokens)
+        advance = lambda t: progress.advance(task, t)  # noqa: E731
+        if on_llama:
+            from moespec.chain.llama_inputs import record_gguf_routing
+            from moespec.models import gguf
 
-    net, tok = load(model, dtype=dtype, seed=seed, routing=routing, backend="torch")
-    docs = tokenize(tok, texts, max_tokens)
-    total = sum(len(ids) for _, ids in docs)
-    with _progress(total) as progress:
-        task = progress.add_task("trace", total=total)
-        n_docs, n_tokens = record_to_file(
-            net, docs, out, chunk=chunk, model_spec=model, corpus=names, with_weights=weights,
-            on_tokens=lambda t: progress.advance(task, t),
-        )
+            n_docs, n_tokens = record_gguf_routing(gguf.resolve(model), out, texts=texts, tokens=max_tokens,
+                                                   threads=threads, chunk=chunk, corpus=names, on_tokens=advance)
+        else:
+            from moespec.chain.torch_inputs import record_torch_routing
+
+            n_docs, n_tokens = record_torch_routing(
+                model, out, texts=texts, corpus=names, max_tokens=max_tokens, chunk=chunk, dtype=dtype, weights=weights,
+                seed=seed, routing=routing, on_total=lambda total: progress.update(task, total=total), on_tokens=advance)
     if for_gguf is not None:
-        from moespec.chain.llama_inputs import label_with_file
-        from moespec.moe.traces import RoutingTrace
+        _label(out, for_gguf, model)
+    cli_console().print(f"wrote {out}: {n_docs} documents, {n_tokens} tokens"
+                        + (" (routing read from llama.cpp)" if on_llama else ""))
 
-        try:
-            label_with_file(RoutingTrace.load(out), for_gguf, model).save(out)
-        except ValueError as e:
-            raise typer.BadParameter(str(e)) from e
-    cli_console().print(f"wrote {out}: {n_docs} documents, {n_tokens} tokens")
+
+def _label(out: Path, gguf_file: Path, model: str) -> None:
+    """Label the trace at `out` with the GGUF file made from `model` (--for-gguf)."""
+    from moespec.chain.llama_inputs import label_with_file
+    from moespec.moe.traces import RoutingTrace
+
+    try:
+        label_with_file(RoutingTrace.load(out), gguf_file, model).save(out)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
 
 
 @app.command("trace-verified")
