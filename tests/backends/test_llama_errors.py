@@ -63,6 +63,18 @@ def test_contradicting_expert_counts_are_refused_before_llama_cpp_aborts(tmp_pat
     assert r.exit_code != 0 and line.startswith("error: ") and said in line, r.output
 
 
+def test_more_threads_than_cores_are_refused_in_one_line(gguf_files):
+    from moespec.backends.llama_model import default_threads
+
+    cores = default_threads()
+    with pytest.raises(ValueError, match=f"threads={cores + 1} is more than the {cores} cores.*give {cores} or fewer"):
+        LlamaModel(gguf_files["olmoe-q8_0"], threads=cores + 1)
+    r = runner.invoke(app, ["generate", "--target", str(gguf_files["olmoe-q8_0"]), "--prompt", "x",
+                            "--threads", "10000"])
+    (line,) = [x for x in r.output.splitlines() if x.strip()]
+    assert r.exit_code != 0 and f"threads=10000 is more than the {cores} cores" in line, r.output
+
+
 def test_a_draft_with_another_vocabulary_is_refused_naming_both(gguf_files, smollm2_gguf):
     _, olmoe_tok = load(str(gguf_files["olmoe-q8_0"]), backend="llama.cpp")
     _, smol_tok = load(str(smollm2_gguf), backend="llama.cpp")

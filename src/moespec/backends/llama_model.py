@@ -55,6 +55,9 @@ class LlamaModel(GreedyByLogits):
         L = llama_lib.bindings()
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be an int >= 1, got {threads!r}; omit it to use all {default_threads()} cores")
+        if threads is not None and threads > default_threads():
+            raise ValueError(f"threads={threads} is more than the {default_threads()} cores this process may run on; "
+                             f"give {default_threads()} or fewer (more threads than cores only slow llama.cpp down)")
         if n_ctx is not None and n_ctx < 2:
             raise ValueError(f"n_ctx must be >= 2 positions, got {n_ctx}")
         if batch < 2:
