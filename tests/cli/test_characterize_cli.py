@@ -139,3 +139,15 @@ def test_characterize_refuses_a_trace_of_another_model(tmp_path):
     flat = " ".join(result.output.replace("│", " ").split())
     assert result.exit_code == 2 and "num_experts:" in flat and "top_k:" in flat and "moespec trace" in flat
     assert not (tmp_path / "c.json.points.jsonl").exists()
+
+
+def test_a_pass_longer_than_every_trace_document_is_refused_before_any_work(tmp_path, monkeypatch):
+    """--n 2..5000 on a trace of 24-token documents built passes for 100 s before its check."""
+    import moespec.cli.characterize as command
+
+    traces = olmoe_tiny_trace(tmp_path / "traces.parquet")
+    monkeypatch.setattr(command, "run_characterize", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
+    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["characterize", "--model", "synthetic:olmoe-tiny",
+                                                            "--traces", str(traces), "--n", "2..5000"])
+    words = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "n = 5000, is longer than the trace's longest document (24 tokens" in words, words

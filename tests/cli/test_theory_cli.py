@@ -40,3 +40,20 @@ def test_theory_rejects_bad_input():
         result = runner.invoke(app, ["theory", *args])
         assert result.exit_code != 0
         assert text in result.output, result.output
+
+
+def test_step_times_past_the_longest_draft_are_refused_at_once():
+    """200 step times ran past a minute in the step points (O(kmax^3)); they are refused before any work."""
+    import time
+
+    from moespec.cli.options import MAX_K
+
+    times = ",".join(str(10 + k) for k in range(200))
+    for command in (["theory", "--step-times", times], ["settings", "--step-times", times, "-a", "0.5"]):
+        start = time.perf_counter()
+        result = runner.invoke(app, command)
+        words = " ".join(result.output.replace("│", " ").split())  # the error box, unwrapped
+        assert result.exit_code == 2 and f"kmax = 199, above the {MAX_K} this calculator takes" in words, words
+        assert time.perf_counter() - start < 10  # the refusal, not the calculation (which took > 60 s)
+    ok = runner.invoke(app, ["theory", "--step-times", ",".join(str(10 + k) for k in range(MAX_K + 1))])
+    assert ok.exit_code == 0, ok.output

@@ -34,6 +34,17 @@ def _fit_range(text: str) -> str:
     return text
 
 
+def _check_longest(traces: Path, last: int) -> None:
+    """--n's largest pass must fit in a trace document: refused here, before any pass is built."""
+    from moespec.moe.traces import RoutingTrace
+
+    longest = max((doc.shape[0] for doc in RoutingTrace.load(traces).documents), default=0)
+    if last > longest:
+        raise typer.BadParameter(f"the largest pass, n = {last}, is longer than the trace's longest document "
+                                 f"({longest} tokens in {traces}); give --n up to {longest} or trace longer documents",
+                                 param_hint="'--n'")
+
+
 def _u_points(value: int) -> int:
     if value < 0 or value == 1:
         raise typer.BadParameter(f"{value} is not valid; give 0 (every U) or >= 2 U values per n")
@@ -112,6 +123,7 @@ def characterize(
     if points_path(out).exists() and not restart:
         console.print(f"resuming from {points_path(out)}")
     first, last = parse_n_range(n)
+    _check_longest(traces, last)
     payload = run_characterize(
         model, traces, layers=parse_layers(layers), n=range(first, last + 1), reps=reps, u_points=u_points or None,
         windows=windows, verified=verified, verified_reps=verified_reps,

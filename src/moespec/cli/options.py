@@ -12,6 +12,10 @@ import typer
 from moespec.costmodel.predict import ACCEPTANCE_GRID
 from moespec.costmodel.theory import check_acceptance, check_step_times
 
+# The longest draft the calculator takes: its step points cost O(kmax^3) root searches (64: well under
+# a second; 200 step times ran past a minute), and no engine drafts near 64 tokens a step.
+MAX_K = 64
+
 
 def parse_number(text: str, option: str) -> Fraction:
     """A decimal or a ratio such as 7/20, kept exact so that the calculator computes exactly."""
@@ -24,6 +28,9 @@ def parse_number(text: str, option: str) -> Fraction:
 def parse_step_times(text: str) -> list:
     """V(0..kmax) from "10,11,13": every entry a positive number (an empty one is a typo, not skipped)."""
     entries = text.split(",")
+    if len(entries) > MAX_K + 1:
+        raise typer.BadParameter(f"{len(entries)} step times give kmax = {len(entries) - 1}, above the {MAX_K} this "
+                                 f"calculator takes; give V(0),...,V(kmax) with kmax <= {MAX_K}", param_hint="'--step-times'")
     for i, entry in enumerate(entries):
         if not entry.strip():
             raise typer.BadParameter(f"entry {i + 1} of {text!r} is empty; write V(0),V(1),... such as 10,11,13",
