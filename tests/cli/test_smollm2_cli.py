@@ -32,3 +32,13 @@ def test_presets_lists_the_smollm2_draft_with_its_agreement():
 def test_a_missing_gguf_file_is_a_usage_error(tmp_path):
     r = runner.invoke(app, ["generate", "--target", str(tmp_path / "nope.gguf"), "--prompt", "x"])
     assert r.exit_code == 2 and "nope.gguf" in r.output
+
+
+def test_an_empty_prompt_starts_from_the_bos_token(smollm2_gguf, tmp_path):
+    """SmolLM2's tokenizer adds no BOS, so "" gave no tokens and the engine asked for a BOS id a CLI user
+    cannot pass; decoding now starts from the file's BOS token."""
+    out = tmp_path / "gen.json"
+    r = runner.invoke(app, ["generate", "--target", str(smollm2_gguf), "--prompt", "", "--max-new-tokens", "4",
+                            "--threads", "1", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["payload"]["result"]["stats"]["prompt_tokens"] == 1

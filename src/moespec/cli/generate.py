@@ -49,7 +49,14 @@ EXACT = typer.Option(False, "--exact", help="Every target pass computes the same
 def _encode(tok, text: str) -> list[int]:
     from moespec.models.tokenizer import ByteTokenizer
 
-    return tok.encode(text, add_bos=True) if isinstance(tok, ByteTokenizer) else list(tok.encode(text))
+    ids = tok.encode(text, add_bos=True) if isinstance(tok, ByteTokenizer) else list(tok.encode(text))
+    if not ids:  # an empty prompt on a tokenizer that adds no BOS: decoding starts from the BOS
+        bos = getattr(tok, "bos_token_id", None)
+        if bos is None:
+            raise typer.BadParameter(f"the prompt {text!r} gives no tokens and {tok!r} has no BOS token to start "
+                                     "from; give a non-empty prompt", param_hint="'--prompt'")
+        ids = [int(bos)]
+    return ids
 
 
 def _stats_table(title: str, stats) -> Table:
