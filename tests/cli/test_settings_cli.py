@@ -140,3 +140,13 @@ def test_batch_sizes_timed_on_a_gguf_file(tmp_path, gguf_files):
     assert sorted(V) == ["1", "2"] and all(len(v) == 3 and min(v) > 0 for v in V.values())
     assert sorted(payload["timing"]["draft_step"]) == ["1", "2"]  # the draft file was timed too
     assert set(payload["rows"][0]["k_star"]) == {"1", "2"}
+
+
+def test_a_damaged_timed_file_is_named_not_blamed_on_the_batch_sizes(tmp_path, gguf_files):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(gguf_files["olmoe-q8_0"].read_bytes()[:3_000_000])
+    r = runner.invoke(app, ["settings", "--batch-sizes", "1,2", "--timed", str(cut), "--max-k", "2", "--reps", "1",
+                            "--threads", "1"])
+    (line,) = [x for x in r.output.splitlines() if x.strip()]
+    assert r.exit_code != 0 and line.startswith("error: llama.cpp could not load") and "cut.gguf" in line, r.output
+    assert "--batch-sizes" not in line

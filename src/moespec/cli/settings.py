@@ -180,11 +180,9 @@ def _batch_step_times(*, batch_step_times, batch_sizes, timed, max_k, depth, rep
     draft_file = Path(draft) if draft is not None and draft.endswith(".gguf") and Path(draft).is_file() else None
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"timing passes of {sizes} sequences on {timed.name}", total=None)
-        try:
-            record = time_batches(timed, sizes, max_k, depth=depth, reps=reps, threads=threads, draft=draft_file,
-                                  progress=lambda done, total: bar.update(task, completed=done, total=total))
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="'--batch-sizes'") from None
+        # a ValueError names its own value (a damaged file, a batch too large for the context): not blamed on one option
+        record = time_batches(timed, sizes, max_k, depth=depth, reps=reps, threads=threads, draft=draft_file,
+                              progress=lambda done, total: bar.update(task, completed=done, total=total))
     V = {B: [1e3 * v for v in row] for B, row in record["V"].items()}
     origin = f"timed on {timed} at depth {depth}" + (f", draft {draft_file}" if draft_file else ", no draft pass")
     return V, origin, record
