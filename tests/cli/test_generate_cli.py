@@ -161,6 +161,20 @@ def test_auto_k_seeded_from_a_prediction(tmp_path):
     assert r.exit_code != 0 and "-k auto" in r.output
 
 
+def test_a_prediction_of_another_model_does_not_seed_auto_k(tmp_path):
+    """--step-times-from checks the model like every other artifact input (it took another model's,
+    even another backend's, prediction)."""
+    from moespec import artifacts
+
+    versions = {"calibrated": {"V": {"slot": [0.01, 0.02], "dedup": [0.01, 0.02], "auto": [0.01, 0.02]}}}
+    pred = artifacts.write(tmp_path / "prediction.json", "predict", {
+        "provenance": {"model": "other.gguf", "num_experts": 64, "top_k": 8, "num_layers": 16},
+        "depths": [{"depth": 512, "versions": versions}]})
+    r = runner.invoke(app, [*BASE, "--oracle-acceptance", "0.9", "-k", "auto", "--max-k", "1", "--prompt", "Hi",
+                            "--step-times-from", str(pred)])
+    assert r.exit_code != 0 and "other.gguf" in r.output and "made for this target" in r.output, r.output
+
+
 def test_several_prompt_files_decode_as_one_batch_each_its_own_text(tmp_path, gguf_files):
     """Three prompt files on llama.cpp under --exact with the trained draft: the JSON holds one result
     per file, in order, each the tokens that file alone decodes to; the batch's figures beside them."""

@@ -159,7 +159,7 @@ def _single(*, choice, text: str, chat: bool, k, sampling: dict, seed: int, step
     model, tok = load_model(target, backend, threads=threads, exact=exact, routing=routing, **torch_options)
     proposer = choice.proposer(tokenizer=tok, seed=seed, load_draft=lambda spec: load_model(
         spec, draft_backend, threads=threads, **torch_options))
-    seeded = _seeded_step_times(step_times_from, k, sampling["max_k"], read=choice.speculative)
+    seeded = _seeded_step_times(step_times_from, k, sampling["max_k"], read=choice.speculative, target=(target, model))
     kwargs = {**sampling, "eos_token_id": tok.eos_token_id, "seed": seed, "vocab_limit": len(tok)}
     run = generate_compared(model, _input_ids(tok, text, chat), draft=proposer, k=choice.draft_length(k),
                             step_times=seeded, warm_start=warm_start, compare=compare, **kwargs)
@@ -197,15 +197,18 @@ def _input_ids(tok, text: str, chat: bool) -> list[int]:
         raise typer.BadParameter(f"--chat: {e}") from None
 
 
-def _seeded_step_times(path: Path | None, k, max_k: int, *, read: bool) -> list[float] | None:
-    """V(0..max_k) for -k auto from a prediction artifact (--step-times-from) when `read` (something
-    drafts), else None."""
+def _seeded_step_times(path: Path | None, k, max_k: int, *, read: bool, target: tuple) -> list[float] | None:
+    """V(0..max_k) for -k auto from a prediction artifact (--step-times-from) of this target (spec,
+    loaded model) when `read` (something drafts), else None; a prediction of another model is refused."""
     if path is None:
         return None
     if k != "auto":
         raise typer.BadParameter(f"--step-times-from seeds -k auto; got -k {k}")
-    from moespec.chain.prediction import seed_step_times
+    from moespec.chain.prediction import KIND, payload_of, seed_step_times
+    from moespec.models.lineage import check_chain, of_model
 
+    check_chain({"the target": {"provenance": of_model(*target)}, str(path): payload_of(path, KIND)},
+                fix="give --step-times-from a prediction made for this target (moespec predict / demo on it)")
     return seed_step_times(path, max_k=max_k) if read else None
 
 
