@@ -272,23 +272,11 @@ def table8(rules: ScoringRules, *, n_max: int, A: int, crossover_predicted: int 
     return [r for r in pair if not one_kernel or not r.name.startswith(("crossover", "sign"))]
 
 
-def score(
-    prediction: Prediction,
-    *,
-    tau_slot: Mapping[Any, float] | None,
-    tau_dedup: Mapping[Any, float],
-    tau_slot_in_sample: Mapping[Any, float] | None,
-    tau_dedup_in_sample: Mapping[Any, float],
-    S_lo: Mapping[Any, float] | None,
-    S_hi: Mapping[Any, float] | None,
-    throughput: Any,
-    V: Sequence[float],
-    kernel: str = COST_DEDUP,
-    S: Mapping[Any, float] | None = None,
-    n_max: int | None = None,
-    rules: ScoringRules = ScoringRules(),
-    throughput_resamples: Any | None = None,
-) -> Score:
+def score(prediction: Prediction, *, tau_slot: Mapping[Any, float] | None, tau_dedup: Mapping[Any, float],
+          tau_slot_in_sample: Mapping[Any, float] | None, tau_dedup_in_sample: Mapping[Any, float],
+          S_lo: Mapping[Any, float] | None, S_hi: Mapping[Any, float] | None, throughput: Any, V: Sequence[float],
+          kernel: str = COST_DEDUP, S: Mapping[Any, float] | None = None, n_max: int | None = None,
+          rules: ScoringRules = ScoringRules(), throughput_resamples: Any | None = None) -> Score:
     """Score `prediction` against a measurement (Tables 3, 4, 7; the rules of Table 8).
 
     tau_slot, tau_dedup: {n: verify time} with deduplication off / on, n = 2..n_max at least, from
