@@ -1,4 +1,4 @@
-"""Versioned JSON artifacts: atomic write, load with a schema check, and resumable point logs.
+"""Versioned JSON artifacts: atomic write and load with a schema check (point logs: `pointlog`).
 
 An artifact is one JSON object with a header (`kind`, `schema_version`, `created`, `machine`,
 `command`) and a `payload`. Long measurements also keep a JSON-lines point log beside the artifact

@@ -19,9 +19,7 @@ import torch
 
 from moespec.backends import llama_lib, llama_steps
 from moespec.backends.llama_model import DEFAULT_BATCH, LlamaModel
-from moespec.backends.protocol import NoMaximum, argmax_rows
-
-Part = tuple[int, Sequence[int]]  # (sequence id, the tokens it feeds)
+from moespec.backends.protocol import NoMaximum, Part, argmax_rows
 
 
 class LlamaBatch(LlamaModel):

@@ -15,12 +15,16 @@ A `SpecModel` is a causal LM with a KV cache of one sequence:
 The decode loop, the proposers, the policies and the gate use nothing else, so a backend is one
 class: `torch_model.CachedModel` (transformers models), `llama_model.LlamaModel` (llama.cpp),
 `table_model.TableLM` (deterministic tables for tests).
+
+A `BatchModel` is the same for several sequences at once (`engine.batch`): every method takes a
+sequence id, and one pass feeds a `Part` (sequence id, its tokens) of each
+(`llama_batch.LlamaBatch`).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Collection, Protocol, runtime_checkable
+from typing import Collection, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
@@ -57,6 +61,42 @@ class SpecModel(Protocol):
 
     def identity(self) -> dict | None:
         """What this model's pass times depend on, as JSON values (the store's key of it); None: no key."""
+
+
+Part = tuple[int, Sequence[int]]  # (sequence id, the tokens it feeds)
+
+
+@runtime_checkable
+class BatchModel(Protocol):
+    """A model holding several sequences' caches, fed together (`backends.llama_batch.LlamaBatch`).
+    `extend_parts` returns each part's logits [n_i, n_vocab]; `argmax_parts` each part's greedy ids."""
+
+    sequences: int
+    batch: int  # the most tokens one pass holds
+    n_vocab: int
+    vocab_limit: int | None
+    forward_s: float
+
+    @property
+    def compiled_steps(self) -> bool:
+        """Whether `batch_greedy_steps` runs plain greedy rounds in one compiled call."""
+
+    def reset(self) -> None: ...
+
+    def seq_length(self, seq: int) -> int: ...
+
+    def truncate_seq(self, seq: int, n: int) -> None: ...
+
+    def move(self, src: int, dst: int) -> None: ...
+
+    def extend_parts(self, parts: Sequence[Part]) -> list[torch.Tensor]: ...
+
+    def argmax_parts(self, parts: Sequence[Part], limit: int) -> list[list[int]]: ...
+
+    def batch_greedy_steps(self, parts: Sequence[tuple[int, int]], steps: int, limit: int,
+                           eos: Collection[int] = ()) -> tuple[np.ndarray, list[float]]:
+        """Up to `steps` greedy steps of every (sequence id, token) part in one call: (the ids produced
+        [steps', parts], each step's seconds)."""
 
 
 class NoMaximum(ValueError):

@@ -80,28 +80,14 @@ def _named(what: str, source: Any) -> str:
     return what if isinstance(source, RoutingTrace) else f"{what} {source}"
 
 
-def characterize(
-    model: Any,
-    traces: str | Path | RoutingTrace,
-    *,
-    layers: Sequence[int | str] = (0, "mid"),
-    n: Iterable[int] = range(1, 10),
-    reps: int = DEFAULT_REPS,
-    warmup: int = DEFAULT_WARMUP,
-    u_points: int | None = DEFAULT_U_POINTS,
-    windows: int = DEFAULT_WINDOWS,
-    verified: str | Path | RoutingTrace | None = None,
-    verified_reps: int | None = None,
-    kernels: Sequence[str] = COST_KERNELS,
-    out: str | Path | None = None,
-    dtype: str | torch.dtype | None = None,
-    flush_bytes: int | None = None,
-    seed: int = 0,
-    progress: bool = False,
-    model_spec: str | None = None,
-    restart: bool = False,
-    threads: int | None = None,
-) -> dict[str, Any]:
+def characterize(model: Any, traces: str | Path | RoutingTrace, *, layers: Sequence[int | str] = (0, "mid"),
+                 n: Iterable[int] = range(1, 10), reps: int = DEFAULT_REPS, warmup: int = DEFAULT_WARMUP,
+                 u_points: int | None = DEFAULT_U_POINTS, windows: int = DEFAULT_WINDOWS,
+                 verified: str | Path | RoutingTrace | None = None, verified_reps: int | None = None,
+                 kernels: Sequence[str] = COST_KERNELS, out: str | Path | None = None,
+                 dtype: str | torch.dtype | None = None, flush_bytes: int | None = None, seed: int = 0,
+                 progress: bool = False, model_spec: str | None = None, restart: bool = False,
+                 threads: int | None = None) -> dict[str, Any]:
     """Run the benchmark on `layers` and return (and write to `out`) the "characterize" payload.
 
     model: a `synthetic:NAME` spec, a local checkpoint folder (each layer's experts loaded alone),
@@ -125,13 +111,9 @@ def characterize(
     layer_ids = expert_op.resolve_layers(layers, trace.num_layers)  # a bad layer fails before the model loads
     windows_of = None if verified is None else _as_trace(verified)
     verified_reps = reps if verified_reps is None else int(verified_reps)
-    get_experts, model_layers, label, target = _experts_source(model, dtype, model_spec, threads)
-    _check_lineage(label, target, traces, trace, verified, windows_of)
+    get_experts, label, target = _load_experts(model, dtype, model_spec, threads, traces, trace, verified, windows_of)
     roof = read_bandwidth(nbytes=ROOF_BYTES, reps=3)
     flusher = CacheFlusher(flush_bytes)
-    if model_layers is not None and model_layers != trace.num_layers:
-        raise ValueError(f"the model has {model_layers} MoE layers but the trace has {trace.num_layers}; "
-                         "trace this model with `moespec trace`")
     plan = _plan(trace, layer_ids, fit_n, n_values, u_points=u_points, windows=windows, seed=seed)
     extra = {l: expert_op.verified_passes(windows_of, l, n_values) if windows_of is not None else [] for l in layer_ids}
     provenance = _provenance(target, trace, windows_of, seed=seed, u_points=u_points, windows=windows, warmup=warmup,
@@ -146,9 +128,7 @@ def characterize(
     payload.update(
         model=label,
         provenance=provenance,
-        traces=str(traces) if not isinstance(traces, RoutingTrace) else trace.model,
-        verified=None if windows_of is None else {"source": str(verified) if not isinstance(verified, RoutingTrace)
-                                                  else windows_of.model, "documents": list(windows_of.doc_ids)},
+        **_windows_from(traces, trace, verified, windows_of),
         settings={"reps": reps, "verified_reps": verified_reps, "warmup": warmup, "u_points": u_points, "windows": windows,
                   "kernels": list(kernels), "flush_bytes": flusher.nbytes, "seed": seed},
         read_bandwidth=roof,
@@ -180,6 +160,26 @@ def _check_settings(*, reps: int, verified_reps: int | None, windows: int, warmu
         raise ValueError(f"u_points={u_points}: give >= 2 U values per n, or None for every U")
     if not set(COST_KERNELS) <= set(kernels):
         raise ValueError(f"kernels {list(kernels)} must include {COST_KERNELS} (the fits need both)")
+
+
+def _load_experts(model: Any, dtype, spec: str | None, threads: int | None, traces: Any, trace: RoutingTrace,
+                  verified: Any, windows_of: RoutingTrace | None) -> tuple[Callable[[int], Any], str, dict]:
+    """(getter layer -> experts module, label, the model's provenance) of `_experts_source`, once the
+    model is known to be the one the trace and the verified routing were recorded on."""
+    get_experts, model_layers, label, target = _experts_source(model, dtype, spec, threads)
+    _check_lineage(label, target, traces, trace, verified, windows_of)
+    if model_layers is not None and model_layers != trace.num_layers:
+        raise ValueError(f"the model has {model_layers} MoE layers but the trace has {trace.num_layers}; "
+                         "trace this model with `moespec trace`")
+    return get_experts, label, target
+
+
+def _windows_from(traces: Any, trace: RoutingTrace, verified: Any, windows_of: RoutingTrace | None) -> dict:
+    """The payload's "traces" and "verified": the recordings whose windows were timed."""
+    return {"traces": str(traces) if not isinstance(traces, RoutingTrace) else trace.model,
+            "verified": None if windows_of is None else {
+                "source": str(verified) if not isinstance(verified, RoutingTrace) else windows_of.model,
+                "documents": list(windows_of.doc_ids)}}
 
 
 def _check_lineage(label: str, target: dict, traces: Any, trace: RoutingTrace, verified: Any,

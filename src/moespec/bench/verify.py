@@ -55,9 +55,9 @@ def time_passes(
     n tokens is ids[s : s + n] with s = depth + stride·r, the cache holding ids[:s] (extended by the
     stride between rounds, outside the timing; warm-up passes read s = depth). Kernels are switched
     with `model.set_experts_implementation` (None keeps the model's current one) and alternate call
-    by call; repetitions run in rounds
-    over every n, so a shared machine's drift falls on all pass sizes alike (timed n by n, one n
-    could land on a slow minute and the verify times would not even grow with n). Returns
+    by call; repetitions run in rounds over every n, so a shared machine's drift falls on all pass
+    sizes alike (timed n by n, one n could land on a slow minute and the verify times would not even
+    grow with n). Returns
     {kernel: {str(n): [R]}}, keyed as JSON keeps it, so a fresh result and one read back from a
     point log look alike.
 
@@ -78,12 +78,7 @@ def time_passes(
     experts = find_experts(model) if isinstance(model, torch.nn.Module) else []
     clock = ModuleClock(experts) if experts else None
     with clock if clock is not None else contextlib.nullcontext():
-        for n in ns:
-            for kernel, name in zip(kernels, names):
-                switch_kernel(model, kernel)
-                _timed_extend(cached, ids[depth : depth + n], depth, flush, warmup=warmup)
-                if between is not None and warmup:
-                    between(n, name, 0)
+        _warm_up(model, cached, ids, depth, ns, kernels, flush=flush, warmup=warmup, between=between)
         base = depth  # the cache's length before each pass
         for rep in range(reps):  # rounds over every n, in an order that rotates by one each round
             base = _window_at(cached, ids, base, depth + stride * rep)
@@ -97,6 +92,19 @@ def time_passes(
                         ops[name][str(n)].append(between(n, name, base - depth))
     cached.truncate(depth)
     return {**out, **({"ops": ops} if between is not None else {}), **({"inside": inside} if clock is not None else {})}
+
+
+def _warm_up(model, cached, ids: torch.Tensor, depth: int, ns: Sequence[int], kernels: Sequence[str | None], *,
+             flush: Callable[[], None] | None, warmup: int,
+             between: Callable[[int, str, int], list[float]] | None) -> None:
+    """`warmup` untimed passes of every n with every kernel at the first window, each followed by
+    `between` (its result dropped), as the timed passes will be."""
+    for n in ns:
+        for kernel in kernels:
+            switch_kernel(model, kernel)
+            _timed_extend(cached, ids[depth : depth + n], depth, flush, warmup=warmup)
+            if between is not None and warmup:
+                between(n, str(kernel), 0)
 
 
 def _checked_pass_sizes(ns: Iterable[int], length: int, depth: int, reps: int, stride: int) -> list[int]:
@@ -236,13 +244,11 @@ def run_verify(
     """
     ns = sorted(set(int(n) for n in ns))
     op_layers = [int(l) for l in op_layers] if windows is not None else []
-    moe = isinstance(model, torch.nn.Module) and bool(find_experts(model))  # only passes through experts modules record "inside" (`time_passes`)
+    # only passes through experts modules record "inside" (`time_passes`)
+    moe = isinstance(model, torch.nn.Module) and bool(find_experts(model))
     length = continuation_length(reps, ns[-1], stride)
-    short = [i for i, doc in zip(windows.doc_ids, windows.documents) if len(doc) < length] if op_layers else []
-    if short:
-        raise ValueError(f"the verified continuations {short} are shorter than the {length} tokens that {reps} "
-                         f"repetitions {stride} apart with passes up to {ns[-1]} read; record them with "
-                         f"verified_routing(length={length}) (`moespec trace-verified --reps {reps} --stride {stride}`)")
+    if op_layers:
+        _check_continuations(windows, length, reps=reps, stride=stride, n_max=ns[-1])
     out = []
     for depth in depths:
         per_prompt = []
@@ -262,15 +268,29 @@ def run_verify(
                                    between=between, stride=stride)
 
             per_prompt.append(logged_point(log, key, compute, on_point))
-        samples = {
-            str(p): {n: np.array([pp[str(p)][str(n)] for pp in per_prompt]) for n in ns} for p in kernels
-        }
-        ops = ({str(p): {n: np.array([pp["ops"][str(p)][str(n)] for pp in per_prompt]) for n in ns} for p in kernels}
-               if op_layers else None)
-        inside = ({str(p): {n: np.array([pp["inside"][str(p)][str(n)] for pp in per_prompt]) for n in ns}
-                   for p in kernels} if moe else None)
-        out.append(VerifyTimes(depth=depth, samples=samples, ops=ops, op_layers=tuple(op_layers), inside=inside))
+        out.append(_stacked(depth, per_prompt, ns, kernels, op_layers=op_layers, moe=moe))
     return out
+
+
+def _check_continuations(windows, length: int, *, reps: int, stride: int, n_max: int) -> None:
+    """The verified continuations hold the `length` tokens the passes read, else a ValueError."""
+    short = [i for i, doc in zip(windows.doc_ids, windows.documents) if len(doc) < length]
+    if short:
+        raise ValueError(f"the verified continuations {short} are shorter than the {length} tokens that {reps} "
+                         f"repetitions {stride} apart with passes up to {n_max} read; record them with "
+                         f"verified_routing(length={length}) "
+                         f"(`moespec trace-verified --reps {reps} --stride {stride}`)")
+
+
+def _stacked(depth: int, per_prompt: list[dict], ns: Sequence[int], kernels: Sequence[str], *,
+             op_layers: Sequence[int], moe: bool) -> VerifyTimes:
+    """One depth's `time_passes` results of every prompt as VerifyTimes: arrays [P, R] per kernel and n."""
+    def stack(part):  # {kernel: {n: [P, R]}} of one part of every prompt's result
+        return {str(p): {n: np.array([part(pp)[str(p)][str(n)] for pp in per_prompt]) for n in ns} for p in kernels}
+
+    return VerifyTimes(depth=depth, samples=stack(lambda pp: pp),
+                       ops=stack(lambda pp: pp["ops"]) if op_layers else None, op_layers=tuple(op_layers),
+                       inside=stack(lambda pp: pp["inside"]) if moe else None)
 
 
 def operation_timer(model, windows, doc_id: str, layers: Sequence[int], ns: Sequence[int],

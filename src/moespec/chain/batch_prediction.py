@@ -16,7 +16,7 @@ V at B = 1 (`costmodel.batch.step_times`), from
 "timed" is the measured counterpart, τ_B(k + 1) + h_B(k) with the passes timed alone. `score_batch`
 scores each version's k̂*(a, B) against the sweep (`costmodel.batch.score_schedule`), out of sample:
 no prediction read the sweep's runs; and says whether the machine was steady during the sweep
-(`costmodel.steadiness`: its repetitions as rounds), so a busy machine's score is flagged.
+(`bench.steadiness`: its repetitions as rounds), so a busy machine's score is flagged.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 
 from moespec.bench.batch_measure import KIND as MEASURE_KIND, timed_step_times
 from moespec.costmodel.steadiness import Steadiness, batch_sweep_rounds
-from moespec.chain.prediction import _fits, nearest_layers, payload_of
+from moespec.chain.prediction import expert_fits, nearest_layers, payload_of
 from moespec.costmodel.batch import (first_never_paying_batch, no_draft_pays, pass_tokens, score_schedule,
                                      step_times)
 from moespec.kernel_names import COST_DEDUP, COST_SLOT
@@ -73,7 +73,7 @@ def predict_batch(characterization, traces, measurement, *, sources: Mapping[str
                          f"characterization reaches n = {have[-1]}: characterize again with "
                          f"--n {_n_text(have, need)}")
     source = nearest_layers(char["layers"], trace.num_layers)
-    fits = {kernel: _fits(char, kernel, source) for kernel in (COST_SLOT, COST_DEDUP)}
+    fits = {kernel: expert_fits(char, kernel, source) for kernel in (COST_SLOT, COST_DEDUP)}
     w, m = list(trace.expert_bytes), trace.top_k
     dense_n, dense_t = _dense(char)
 

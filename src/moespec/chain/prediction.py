@@ -114,13 +114,14 @@ def nearest_layers(characterized: Sequence[int], L: int) -> list[int]:
     return [min(c, key=lambda x: (abs(x - l), x)) for l in range(L)]
 
 
-def _get(d: Mapping, key: Any) -> Any:
+def json_get(d: Mapping, key: Any) -> Any:
     """d[key] with JSON string keys accepted."""
     return d[key] if key in d else d[str(key)]
 
 
-def _fits(char: Mapping[str, Any], kernel: str, source: list[int]) -> list[ExpertFit]:
-    return [ExpertFit.from_dict(_get(_get(char["fits"], c), kernel)) for c in source]
+def expert_fits(char: Mapping[str, Any], kernel: str, source: list[int]) -> list[ExpertFit]:
+    """The characterization's fit of `kernel` for each layer, read from its characterized `source` layer."""
+    return [ExpertFit.from_dict(json_get(json_get(char["fits"], c), kernel)) for c in source]
 
 
 def windows_source(char: Mapping[str, Any], depth: int) -> WindowSource:
@@ -170,7 +171,7 @@ def repetition_half(times: VerifyTimes, half: str) -> VerifyTimes:
     return replace(times, samples=pick(times.samples), ops=pick(times.ops), inside=pick(times.inside))
 
 
-def _verify_at(measurement: Mapping[str, Any], depth: int | None) -> VerifyTimes:
+def verify_times_at(measurement: Mapping[str, Any], depth: int | None) -> VerifyTimes:
     """The verify times at `depth` (default: the smallest measured)."""
     verify = {int(v["depth"]): v for v in measurement.get("verify", [])}
     if not verify:
@@ -185,13 +186,13 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
     """What predict takes from the base measurement at one depth: h(k) from its "h" section
     ({depth: {k: seconds}}), and from the fit half of its verify repetitions (`repetition_half`)
     the pass sizes, τ_meas(1), the operation times between passes and the passes' split."""
-    times = repetition_half(_verify_at(measurement_base, depth), "fit")
+    times = repetition_half(verify_times_at(measurement_base, depth), "fit")
     h_all = measurement_base.get("h")
     if not h_all or str(times.depth) not in {str(k) for k in h_all}:
         raise VersionUnavailable(Unavailable.NO_H, (
             f"the measurement has no h(k) at depth {times.depth}; give the base measurement of `moespec measure "
             "--base` (or of `moespec demo`), or add an \"h\" section {depth: {k: seconds}}"))
-    h = _get(h_all, times.depth)
+    h = json_get(h_all, times.depth)
     ks = sorted(int(k) for k in h)
     if ks != list(range(len(ks))):
         raise ValueError(f"h(k) at depth {times.depth} has k = {ks}; give every k = 0..kmax")
@@ -202,8 +203,8 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
         op_layers = list(times.op_layers)
     if times.inside and SLOT in times.inside:  # pass by pass: the time outside the operation (`_outside`)
         outside = {n: times.samples[SLOT][n] - times.inside[SLOT][n] for n in times.ns}
-    return BaseInputs(depth=times.depth, ns=list(times.ns), tau1=times.tau_meas_1, h=[float(_get(h, k)) for k in ks],
-                      ops=ops, op_layers=op_layers, slot_outside=outside)
+    return BaseInputs(depth=times.depth, ns=list(times.ns), tau1=times.tau_meas_1,
+                      h=[float(json_get(h, k)) for k in ks], ops=ops, op_layers=op_layers, slot_outside=outside)
 
 
 def _outside(base: BaseInputs, char: Mapping[str, Any], ns: list[int]) -> tuple[dict[int, float], str]:
@@ -250,7 +251,7 @@ def _measured_inputs(char: Mapping[str, Any], trace: RoutingTrace, base: BaseInp
 def _fit_times(char: Mapping[str, Any], trace: RoutingTrace, ns: list[int]) -> OperationTimes:
     """The prediction's operation times: each layer's fit at every recorded window's bytes."""
     source = nearest_layers(char["layers"], trace.num_layers)
-    fits = {k: _fits(char, k, source) for k in COST_KERNELS}
+    fits = {k: expert_fits(char, k, source) for k in COST_KERNELS}
     w, m = list(trace.expert_bytes), trace.top_k
     out: dict[str, dict] = {COST_SLOT: {}, COST_DEDUP: {}}
     for n in ns:

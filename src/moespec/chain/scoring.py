@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from moespec.costmodel.sweep_cells import cell_throughput, resample_throughput
 from moespec.chain import prediction as _prediction
-from moespec.chain.prediction import KIND, _get, _verify_at, payload_of
+from moespec.chain.prediction import KIND, json_get, payload_of, verify_times_at
 from moespec.chain.versions import Unavailable, VersionUnavailable
 from moespec.costmodel.predict import Prediction
 from moespec.costmodel.score import Score, score
@@ -43,7 +43,7 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
     if not isinstance(prediction, Prediction):
         prediction = Prediction.from_dict(prediction)
     meas = payload_of(measurement, "measure")
-    times = _verify_at(meas, depth)
+    times = verify_times_at(meas, depth)
     half = _prediction.repetition_half  # by module name: benchmarks/fit_half.py swaps it
     held, fit = half(times, "holdout"), half(times, "fit")
     entry = _oracle_entry(meas, TO_ENGINE[kernel], times.depth)
@@ -71,7 +71,7 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
         tau_slot_in_sample=None if one else fit.tau(SLOT), tau_dedup_in_sample=fit.tau(DEDUP),
         S_lo=None if one else {s.n: s.lo for s in savings}, S_hi=None if one else {s.n: s.hi for s in savings},
         S=None if one else {s.n: s.point for s in savings}, throughput=T,
-        V=[float(_get(entry["V"], k)) for k in ks], kernel=kernel, throughput_resamples=T_b,
+        V=[float(json_get(entry["V"], k)) for k in ks], kernel=kernel, throughput_resamples=T_b,
     )
 
 

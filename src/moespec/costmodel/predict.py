@@ -224,6 +224,48 @@ def _staircase(V: list[float], acceptance: Sequence[float], delta: float) -> dic
     return out
 
 
+def _check_version(version: str, outside: Mapping[Any, float] | None) -> None:
+    if version not in VERSIONS:
+        raise ValueError(f"version={version!r}; choose one of {VERSIONS}")
+    if (version == "calibrated") != (outside is not None):
+        given = "given" if outside is not None else None
+        raise ValueError("outside is required by the calibrated version and used by no other; "
+                         f"got version={version!r} with outside={given}")
+
+
+def _eps_delta(eps: float, delta: float | None) -> tuple[float, float]:
+    """(ε, δ) checked; δ by default ε/(1−ε) from (C.7), infinite at ε >= 1."""
+    eps = float(check_positive("eps", eps, allow_zero=True))  # eps >= 1 is allowed: its bounds are vacuous
+    if delta is None:
+        delta = math.inf if eps >= 1 else float(delta_from_eps(eps))
+    elif not delta >= 0:
+        raise ValueError(f"delta = {delta} must be >= 0 (δ >= 1 is allowed: the bounds (20)-(21) are then vacuous)")
+    return eps, float(delta)
+
+
+def _check_h(h: Sequence[float], n_max: int) -> list[float]:
+    """h(0..kmax) as floats, finite, non-negative, with 1 <= kmax <= n_max - 1."""
+    h = [float(x) for x in h]
+    if not 2 <= len(h) <= n_max or any(not math.isfinite(x) or x < 0 for x in h):
+        raise ValueError(f"h={h} must hold finite non-negative times at k = 0..kmax, "
+                         f"1 <= kmax <= n_max - 1 = {n_max - 1}")
+    return h
+
+
+def _verify_times(t_bar: dict[str, dict[int, np.ndarray]], tau1: float, ns: list[int],
+                  outside: Mapping[Any, float] | None) -> dict[str, list[float]]:
+    """τ̂_p(n) of (22) for both kernels, calibrated when `outside` is given, and "auto", the faster at
+    each n; NonPositiveTime at a predicted time <= 0."""
+    tau = {p: [tau1 + float(np.sum(t_bar[p][n] - t_bar[COST_SLOT][1])) for n in ns] for p in COST_KERNELS}
+    if outside is not None:
+        tau = _calibrate(tau, ns, outside)
+    low = [(p, n, t) for p in tau for n, t in zip(ns, tau[p]) if t <= 0]
+    if low:
+        raise NonPositiveTime(f"the predicted verify time τ̂_{low[0][0]}({low[0][1]}) = {low[0][2]} s is <= 0")
+    tau[COST_AUTO] = [min(s, d) for s, d in zip(tau[COST_SLOT], tau[COST_DEDUP])]
+    return tau
+
+
 def predict(
     *,
     t_slot: Mapping[Any, Any],
@@ -249,37 +291,17 @@ def predict(
         passes (`_calibrate`); required by, and only by, the calibrated version.
     delta: δ of (20)–(21); default ε/(1−ε) from (C.7).
     """
-    if version not in VERSIONS:
-        raise ValueError(f"version={version!r}; choose one of {VERSIONS}")
-    if (version == "calibrated") != (outside is not None):
-        given = "given" if outside is not None else None
-        raise ValueError("outside is required by the calibrated version and used by no other; "
-                         f"got version={version!r} with outside={given}")
-    eps = float(check_positive("eps", eps, allow_zero=True))  # eps >= 1 is allowed: its bounds are vacuous
-    if delta is None:
-        delta = math.inf if eps >= 1 else float(delta_from_eps(eps))
-    elif not delta >= 0:
-        raise ValueError(f"delta = {delta} must be >= 0 (δ >= 1 is allowed: the bounds (20)-(21) are then vacuous)")
-    delta = float(delta)
+    _check_version(version, outside)
+    eps, delta = _eps_delta(eps, delta)
     tau1 = float(tau1)
     if not (math.isfinite(tau1) and tau1 > 0):
         raise ValueError(f"tau1={tau1} must be a positive time in seconds")
     t_bar = _operation_times(t_slot, t_dedup)
     ns = list(t_bar[COST_SLOT])
     n_max = ns[-1]
-    h = [float(x) for x in h]
-    if not 2 <= len(h) <= n_max or any(not math.isfinite(x) or x < 0 for x in h):
-        raise ValueError(f"h={h} must hold finite non-negative times at k = 0..kmax, "
-                         f"1 <= kmax <= n_max - 1 = {n_max - 1}")
-
+    h = _check_h(h, n_max)
     M = {p: [float(t_bar[p][n].sum()) for n in ns] for p in COST_KERNELS}
-    tau = {p: [tau1 + float(np.sum(t_bar[p][n] - t_bar[COST_SLOT][1])) for n in ns] for p in COST_KERNELS}
-    if outside is not None:
-        tau = _calibrate(tau, ns, outside)
-    low = [(p, n, t) for p in tau for n, t in zip(ns, tau[p]) if t <= 0]
-    if low:
-        raise NonPositiveTime(f"the predicted verify time τ̂_{low[0][0]}({low[0][1]}) = {low[0][2]} s is <= 0")
-    tau[COST_AUTO] = [min(s, d) for s, d in zip(tau[COST_SLOT], tau[COST_DEDUP])]
+    tau = _verify_times(t_bar, tau1, ns, outside)
 
     S = [s - d for s, d in zip(tau[COST_SLOT], tau[COST_DEDUP])]
     band = [saving_band(S[i], M[COST_SLOT][i], M[COST_DEDUP][i], eps) for i in range(n_max)]

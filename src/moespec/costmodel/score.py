@@ -272,23 +272,11 @@ def table8(rules: ScoringRules, *, n_max: int, A: int, crossover_predicted: int 
     return [r for r in pair if not one_kernel or not r.name.startswith(("crossover", "sign"))]
 
 
-def score(
-    prediction: Prediction,
-    *,
-    tau_slot: Mapping[Any, float] | None,
-    tau_dedup: Mapping[Any, float],
-    tau_slot_in_sample: Mapping[Any, float] | None,
-    tau_dedup_in_sample: Mapping[Any, float],
-    S_lo: Mapping[Any, float] | None,
-    S_hi: Mapping[Any, float] | None,
-    throughput: Any,
-    V: Sequence[float],
-    kernel: str = COST_DEDUP,
-    S: Mapping[Any, float] | None = None,
-    n_max: int | None = None,
-    rules: ScoringRules = ScoringRules(),
-    throughput_resamples: Any | None = None,
-) -> Score:
+def score(prediction: Prediction, *, tau_slot: Mapping[Any, float] | None, tau_dedup: Mapping[Any, float],
+          tau_slot_in_sample: Mapping[Any, float] | None, tau_dedup_in_sample: Mapping[Any, float],
+          S_lo: Mapping[Any, float] | None, S_hi: Mapping[Any, float] | None, throughput: Any, V: Sequence[float],
+          kernel: str = COST_DEDUP, S: Mapping[Any, float] | None = None, n_max: int | None = None,
+          rules: ScoringRules = ScoringRules(), throughput_resamples: Any | None = None) -> Score:
     """Score `prediction` against a measurement (Tables 3, 4, 7; the rules of Table 8).
 
     tau_slot, tau_dedup: {n: verify time} with deduplication off / on, n = 2..n_max at least, from
@@ -308,14 +296,10 @@ def score(
     ns = _scored_sizes(prediction, kernel, n_max)
     idx = [prediction.n.index(n) for n in ns]
     one = tau_slot is None  # one engine kernel: nothing to measure a saving against
-    t_slot, t_dedup = ([] if one else _at(tau_slot, ns, "tau_slot")), _at(tau_dedup, ns, "tau_dedup")
-    S_meas = [] if one else [s - d for s, d in zip(t_slot, t_dedup)] if S is None else _at(S, ns, "S")
-    lo, hi = ([], []) if one else (_at(S_lo, ns, "S_lo"), _at(S_hi, ns, "S_hi"))
+    t_slot, t_dedup, S_meas, lo, hi = _measured_saving(ns, tau_slot, tau_dedup, S, S_lo, S_hi)
     T, V = _checked_sweep(prediction, throughput, V)
 
     S_hat = [prediction.S[i] for i in idx]
-    err = [abs(p - m) for p, m in zip(S_hat, S_meas)]
-    M_sum = [prediction.M[COST_SLOT][i] + prediction.M[COST_DEDUP][i] for i in idx]
     c_pred, c_meas = crossover(ns, S_hat), None if one else crossover(ns, S_meas)
     sign_points, sign_agree = _sign_agreement(lo, hi, S_hat)
     tau = _verify_errors(prediction, idx, ns, t_slot, t_dedup, tau_slot_in_sample, tau_dedup_in_sample, one=one)
@@ -330,14 +314,38 @@ def score(
                       sign_points=sign_points, sign_agree=sign_agree, tau_error=tau["tau_error"],
                       speedup_inside=draft["speedup_inside"], one_kernel=one)
     return Score(
-        kernel=kernel, version=prediction.version, n=ns, S_measured=S_meas, saving_error_by_n=err,
+        kernel=kernel, version=prediction.version, n=ns, eps=prediction.eps, crossover_predicted=c_pred,
+        crossover_measured=c_meas, sign_points=sign_points, sign_agree=sign_agree, **tau,
+        **_saving_figures(prediction, idx, S_hat, S_meas, lo, hi, t_dedup, one=one),
+        acceptance=list(prediction.acceptance), rules=verdicts, **draft, **noise,
+    )
+
+
+def _measured_saving(ns: Sequence[int], tau_slot: Mapping[Any, float] | None, tau_dedup: Mapping[Any, float],
+                     S: Mapping[Any, float] | None, S_lo: Mapping[Any, float] | None,
+                     S_hi: Mapping[Any, float] | None) -> tuple[list[float], ...]:
+    """(τ_slot, τ_dedup, S, S_lo, S_hi) at the scored sizes `ns`; all but τ_dedup empty where the
+    engine runs one kernel (tau_slot None)."""
+    if tau_slot is None:
+        return [], _at(tau_dedup, ns, "tau_dedup"), [], [], []
+    t_slot, t_dedup = _at(tau_slot, ns, "tau_slot"), _at(tau_dedup, ns, "tau_dedup")
+    S_meas = [s - d for s, d in zip(t_slot, t_dedup)] if S is None else _at(S, ns, "S")
+    return t_slot, t_dedup, S_meas, _at(S_lo, ns, "S_lo"), _at(S_hi, ns, "S_hi")
+
+
+def _saving_figures(prediction: Prediction, idx: Sequence[int], S_hat: Sequence[float], S_meas: Sequence[float],
+                    lo: Sequence[float], hi: Sequence[float], t_dedup: Sequence[float], *, one: bool) -> dict:
+    """The saving figures of the Score (Tables 3 and 7): Ŝ's error against S, inside the band (18), the
+    amplification M/|S|, the ε the errors imply, the largest error beyond the measured interval."""
+    err = [abs(p - m) for p, m in zip(S_hat, S_meas)]
+    M_sum = [prediction.M[COST_SLOT][i] + prediction.M[COST_DEDUP][i] for i in idx]
+    return dict(
+        S_measured=S_meas, saving_error_by_n=err,
         inside_band=[prediction.S_lo[i] <= s <= prediction.S_hi[i] for i, s in zip(idx, S_meas)],
         amplification=[m / max(abs(s), AMPLIFICATION_FLOOR) for m, s in zip(M_sum, S_meas)],
-        eps=prediction.eps, eps_implied=None if one else implied_eps(err, M_sum), crossover_predicted=c_pred,
-        crossover_measured=c_meas, sign_points=sign_points, sign_agree=sign_agree, **tau,
+        eps_implied=None if one else implied_eps(err, M_sum),
         saving_error_beyond_interval=max((max(0.0, l - s, s - h) / t for s, l, h, t in zip(S_hat, lo, hi, t_dedup)),
                                          default=None),
-        acceptance=list(prediction.acceptance), rules=verdicts, **draft, **noise,
     )
 
 

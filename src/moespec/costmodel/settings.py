@@ -27,13 +27,13 @@ from fractions import Fraction
 from typing import Any
 
 from moespec.costmodel.theory import (
-    _plain,
     best_draft_length,
     check_acceptance,
     check_step_times,
     exact_div,
     first_draft_threshold,
     increments,
+    json_number,
     speedup,
     speedup_condition,
     step_points,
@@ -64,7 +64,7 @@ class Setting:
     from_model: bool = False  # set from k*(a), n-min or p-min; False: fixed by the draft kind or the user's input
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "value": _plain(self.value), "meaning": self.meaning, "source": self.source,
+        return {"name": self.name, "value": json_number(self.value), "meaning": self.meaning, "source": self.source,
                 "from_model": self.from_model}
 
 
@@ -100,7 +100,7 @@ class Recommendation:
         raise ValueError(f"engine {name!r} was not asked for; asked: {[s.engine for s in self.engines]}")
 
     def to_dict(self) -> dict:
-        return {"acceptance": _plain(self.acceptance), "k_star": self.k_star, "speedup": _plain(self.speedup),
+        return {"acceptance": json_number(self.acceptance), "k_star": self.k_star, "speedup": json_number(self.speedup),
                 "n_min": self.n_min, "engines": [s.to_dict() for s in self.engines]}
 
 
@@ -117,9 +117,9 @@ class Recommendations:
     rows: tuple[Recommendation, ...]
 
     def to_dict(self) -> dict:
-        return {"step_times": [_plain(v) for v in self.step_times],
-                "first_draft_threshold": _plain(self.first_draft_threshold),
-                "step_points": [_plain(x) for x in self.step_points], "p_min": _plain(self.p_min),
+        return {"step_times": [json_number(v) for v in self.step_times],
+                "first_draft_threshold": json_number(self.first_draft_threshold),
+                "step_points": [json_number(x) for x in self.step_points], "p_min": json_number(self.p_min),
                 "draft": self.draft, "prompt_lookup": self.prompt_lookup, "batch_size": 1,
                 "rows": [r.to_dict() for r in self.rows]}
 
@@ -312,8 +312,8 @@ class BatchRecommendation:
     per_batch: dict  # {B: (llama.cpp Settings with -np B, SGLang Settings)}
 
     def to_dict(self) -> dict:
-        return {"acceptance": _plain(self.acceptance), "k_star": {str(B): k for B, k in self.k_star.items()},
-                "speedup": {str(B): _plain(s) for B, s in self.speedup.items()}, "vllm": self.vllm.to_dict(),
+        return {"acceptance": json_number(self.acceptance), "k_star": {str(B): k for B, k in self.k_star.items()},
+                "speedup": {str(B): json_number(s) for B, s in self.speedup.items()}, "vllm": self.vllm.to_dict(),
                 "per_batch": {str(B): [s.to_dict() for s in pair] for B, pair in self.per_batch.items()}}
 
 

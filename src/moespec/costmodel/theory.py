@@ -306,7 +306,7 @@ def convex_step_points(V: Sequence) -> list:
     return [min(c1, 1 if is_exact(c1) else 1.0)] + [alpha(V, j, j - 1) for j in range(2, len(V))]
 
 
-def _plain(x):
+def json_number(x):
     """JSON-ready number: Fractions become floats (display only; the computation stayed exact)."""
     return float(x) if isinstance(x, Fraction) else x
 
@@ -325,13 +325,13 @@ class TheorySummary:
 
     def to_dict(self) -> dict:
         return {
-            "step_times": [_plain(v) for v in self.step_times],
-            "increments": [_plain(c) for c in self.increments],
-            "first_draft_threshold": _plain(self.first_draft_threshold),
-            "step_points": [_plain(x) for x in self.step_points],
+            "step_times": [json_number(v) for v in self.step_times],
+            "increments": [json_number(c) for c in self.increments],
+            "first_draft_threshold": json_number(self.first_draft_threshold),
+            "step_points": [json_number(x) for x in self.step_points],
             "convex": self.convex,
-            "stairs": [{"lo": _plain(lo), "hi": _plain(hi), "k": k} for lo, hi, k in self.stairs],
-            "at": [{"a": _plain(a), "k_star": k, "speedup": _plain(s)} for a, k, s in self.at],
+            "stairs": [{"lo": json_number(lo), "hi": json_number(hi), "k": k} for lo, hi, k in self.stairs],
+            "at": [{"a": json_number(a), "k_star": k, "speedup": json_number(s)} for a, k, s in self.at],
         }
 
     @classmethod

@@ -30,10 +30,10 @@ from itertools import accumulate
 import numpy as np
 import torch
 
-from moespec.backends.protocol import NoMaximum
+from moespec.backends.protocol import BatchModel, NoMaximum
 from moespec.device import peak_rss_bytes
-from moespec.engine.decode import PLAIN_RUN_MIN, _as_prompt, _eos_ids
-from moespec.engine.batch_proposers import BatchDraft, BatchModel, SlotView, batch_proposer, prefill_slot
+from moespec.engine.batch_proposers import BatchProposer, SlotView, batch_proposer, prefill_slot
+from moespec.engine.decode import PLAIN_RUN_MIN, as_prompt, eos_ids
 from moespec.engine.policy import Policy, make_policy
 from moespec.engine.proposers import Proposal
 from moespec.engine.round import Round, greedy_walk, until_eos
@@ -127,17 +127,17 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], *, draft=None, k: i
     proposer = batch_proposer(draft, B) if policies.max_draft > 0 and k != 0 else None
     config = SamplingConfig(temperature=float(temperature), top_k=top_k, top_p=top_p)
     limit = vocab_limit or model.vocab_limit or model.n_vocab
-    if proposer is not None and isinstance(proposer, BatchDraft):
-        limit = min(limit, proposer.model.vocab_limit or proposer.model.n_vocab)
+    if proposer is not None and proposer.vocab_limit is not None:
+        limit = min(limit, proposer.vocab_limit)
     model.reset()
-    seqs = [_sequence(i, _as_prompt(p), model, config, limit, seed, max_new_tokens, policies.max_draft)
+    seqs = [_sequence(i, as_prompt(p), model, config, limit, seed, max_new_tokens, policies.max_draft)
             for i, p in enumerate(prompts)]
     for s in seqs:
         prefill_slot(model, s.slot, s.seq[: s.length])
     if proposer is not None:
         proposer.begin([s.seq[: s.length] for s in seqs], [s.view for s in seqs], max_new_tokens,
                        [s.sampler for s in seqs])
-    return _decode_batch(model, proposer, policies, seqs, max_new_tokens=max_new_tokens, eos=_eos_ids(eos_token_id),
+    return _decode_batch(model, proposer, policies, seqs, max_new_tokens=max_new_tokens, eos=eos_ids(eos_token_id),
                          limit=limit, clock=time.perf_counter)
 
 
@@ -150,8 +150,8 @@ def _sequence(i: int, prompt: torch.Tensor, model: BatchModel, config: SamplingC
     return _Sequence(i, seq, P, P, sampler, RoundLog(max_k, start=0.0), SlotView(model, i))
 
 
-def _decode_batch(model: BatchModel, proposer, policies: _Policies, seqs: list[_Sequence], *, max_new_tokens: int,
-                  eos: set[int], limit: int, clock: Callable[[], float]) -> list[GenerationResult]:
+def _decode_batch(model: BatchModel, proposer: BatchProposer | None, policies: _Policies, seqs: list[_Sequence], *,
+                  max_new_tokens: int, eos: set[int], limit: int, clock: Callable[[], float]) -> list[GenerationResult]:
     """Rounds until every sequence has its tokens or its EOS (module docstring)."""
     start = clock()
     for s in seqs:
@@ -199,7 +199,7 @@ def _plain_run(model: BatchModel, policy: Policy, live: list[_Sequence], max_new
     """How many plain rounds to run in one compiled call (`LlamaBatch.batch_greedy_steps`): the policy's
     plain run cut to every live sequence's budget, when all are greedy and the model runs them that
     way (`compiled_steps`); 0 for a normal round."""
-    if not getattr(model, "compiled_steps", False):
+    if not model.compiled_steps:
         return 0
     if not all(s.sampler.greedy for s in live):
         return 0
@@ -234,8 +234,8 @@ def _plain_rounds(model: BatchModel, policy: Policy, live: list[_Sequence], run:
     return seconds
 
 
-def _batch_round(model: BatchModel, proposer, live: list[_Sequence], k: int, chosen: int, eos: set[int], limit: int,
-                 clock: Callable[[], float]) -> list[Round]:
+def _batch_round(model: BatchModel, proposer: BatchProposer | None, live: list[_Sequence], k: int, chosen: int,
+                 eos: set[int], limit: int, clock: Callable[[], float]) -> list[Round]:
     """One round of the batch: propose for every live sequence, verify all in one pass, run each
     sequence's accept walk, commit, roll back; one Round per live sequence (the times are the batch's)."""
     t0 = clock()
@@ -264,8 +264,8 @@ def _batch_round(model: BatchModel, proposer, live: list[_Sequence], k: int, cho
                     clock) for s, (accepted, token) in zip(live, walks)]
 
 
-def _commit(model: BatchModel, proposer, s: _Sequence, proposal: Proposal, accepted: int, token: int, chosen: int,
-            eos: set[int], times: tuple, clock) -> Round:
+def _commit(model: BatchModel, proposer: BatchProposer | None, s: _Sequence, proposal: Proposal, accepted: int,
+            token: int, chosen: int, eos: set[int], times: tuple, clock) -> Round:
     """Write sequence s's accepted drafts and next token, stop at an EOS, roll both caches back."""
     drafts, L = proposal.tokens, s.length
     s.seq[L: L + accepted] = drafts[:accepted]
@@ -285,7 +285,7 @@ def _commit(model: BatchModel, proposer, s: _Sequence, proposal: Proposal, accep
                  seconds=clock() - t0)
 
 
-def _compact(model: BatchModel, proposer, live: list[_Sequence]) -> list[_Sequence]:
+def _compact(model: BatchModel, proposer: BatchProposer | None, live: list[_Sequence]) -> list[_Sequence]:
     """The sequences still live, each finished one's slot taken by the live one in the highest slot."""
     still = [s for s in live if s.stop is None]
     for gone in sorted((s for s in live if s.stop is not None), key=lambda s: s.slot):

@@ -1,43 +1,45 @@
-"""The proposers of a batch (`engine.batch.generate_batch`): a draft model holding every sequence's
-cache (`BatchDraft`: each draft step one pass over every live sequence), or one `Proposer` per
-sequence (`PerSequence`: prompt lookup, the oracle on its slot's view of the target, `SlotView`).
+"""The proposers of a batch (`engine.batch.generate_batch`), behind one interface, `BatchProposer`
+(as llama.cpp's common_speculative begin/draft/accept, each call naming its sequences): a draft
+model holding every sequence's cache (`BatchDraft`: each draft step one pass over every live
+sequence), or one `Proposer` per sequence (`PerSequence`: prompt lookup, the oracle on its slot's
+view of the target, `SlotView`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
 
-from moespec.backends.protocol import GreedyByLogits, output_rows
+from moespec.backends.protocol import BatchModel, GreedyByLogits, output_rows
 from moespec.engine.proposers import Proposal, Proposer
 from moespec.engine.sampling import Sampler
 
-Part = tuple[int, Sequence[int]]
+Live = tuple[int, int, torch.Tensor]  # (sequence i, its slot, its committed tokens [L] int64)
 
 
 @runtime_checkable
-class BatchModel(Protocol):
-    """A model holding several sequences' caches, fed together (`backends.llama_batch.LlamaBatch`)."""
+class BatchProposer(Protocol):
+    """What the batch's decode loop asks of its proposer, whichever it is; sequence i is the prompt's
+    index, its slot the sequence id of its caches (which changes as sequences leave, `move`)."""
 
-    sequences: int
-    batch: int  # the most tokens one pass holds
-    n_vocab: int
-    vocab_limit: int | None
-    forward_s: float
+    @property
+    def vocab_limit(self) -> int | None:
+        """The ids its drafts can hold (a draft model's output layer); None: any the target allows."""
 
-    def reset(self) -> None: ...
+    def begin(self, prompts: Sequence[torch.Tensor], views: Sequence[SlotView], max_new_tokens: int,
+              samplers: Sequence[Sampler]) -> None:
+        """Before the first round: prompt [P_i] of each sequence i, its slot's view of the target, its sampler."""
 
-    def seq_length(self, seq: int) -> int: ...
+    def propose(self, live: Sequence[Live], k: int, samplers: Mapping[int, Sampler]) -> dict[int, Proposal]:
+        """{i: up to k drafts} of every live sequence i."""
 
-    def truncate_seq(self, seq: int, n: int) -> None: ...
+    def commit(self, i: int, slot: int, keep: int) -> None:
+        """Sequence i (in `slot`) keeps its first `keep` tokens: what its verify pass accepted."""
 
-    def move(self, src: int, dst: int) -> None: ...
-
-    def extend_parts(self, parts: Sequence[Part]) -> list[torch.Tensor]: ...
-
-    def argmax_parts(self, parts: Sequence[Part], limit: int) -> list[list[int]]: ...
+    def move(self, src: int, dst: int) -> None:
+        """The sequence in slot `src` now lives in slot `dst` (the one there has left)."""
 
 
 def prefill_slot(model: BatchModel, slot: int, prompt: torch.Tensor) -> None:
@@ -86,6 +88,10 @@ class BatchDraft:
     def __init__(self, model: BatchModel):
         self.model = model
 
+    @property
+    def vocab_limit(self) -> int:
+        return self.model.vocab_limit or self.model.n_vocab
+
     def begin(self, prompts: Sequence[torch.Tensor], views: Sequence[SlotView], max_new_tokens: int,
               samplers: Sequence[Sampler]) -> None:
         """Each prompt but its last token into the draft's slot of its sequence, as the target's prefill."""
@@ -93,8 +99,7 @@ class BatchDraft:
         for prompt, view in zip(prompts, views):
             prefill_slot(self.model, view.slot, prompt)
 
-    def propose(self, live: Sequence[tuple[int, int, torch.Tensor]], k: int,
-                samplers: Sequence[Sampler]) -> dict[int, Proposal]:
+    def propose(self, live: Sequence[Live], k: int, samplers: Mapping[int, Sampler]) -> dict[int, Proposal]:
         """{i: up to k drafts} for live [(i, slot, committed tokens)]: k passes of one token per sequence
         (the first feeds what each slot's cache lacks), greedy or sampled by each sequence's sampler."""
         m, slots = self.model, {slot: i for i, slot, _ in live}
@@ -134,13 +139,17 @@ class PerSequence:
     def __init__(self, proposers: Sequence[Proposer]):
         self.proposers = list(proposers)
 
+    @property
+    def vocab_limit(self) -> None:
+        """Its proposers draft from the target's own ids (the oracle) or the text's (prompt lookup)."""
+        return None
+
     def begin(self, prompts: Sequence[torch.Tensor], views: Sequence[SlotView], max_new_tokens: int,
               samplers: Sequence[Sampler]) -> None:
         for p, prompt, view, sampler in zip(self.proposers, prompts, views, samplers):
             p.begin(target=view, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler)
 
-    def propose(self, live: Sequence[tuple[int, int, torch.Tensor]], k: int,
-                samplers: Sequence[Sampler]) -> dict[int, Proposal]:
+    def propose(self, live: Sequence[Live], k: int, samplers: Mapping[int, Sampler]) -> dict[int, Proposal]:
         return {i: self.proposers[i].propose(ctx, k) if k else Proposal(ctx[:0]) for i, _, ctx in live}
 
     def commit(self, i: int, slot: int, keep: int) -> None:
@@ -150,8 +159,7 @@ class PerSequence:
         """Its proposers keep no cache of their own."""
 
 
-
-def batch_proposer(draft, B: int):
+def batch_proposer(draft, B: int) -> BatchProposer | None:
     """The batch's proposer: None, a BatchDraft for a model holding >= B sequences, PerSequence for a
     list of B proposers or one prompt lookup shared by all (it keeps no state)."""
     from moespec.engine.proposers import PromptLookup

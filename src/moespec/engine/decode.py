@@ -54,7 +54,7 @@ def check_pairing(target_tok, draft_tok) -> None:
         )
 
 
-def _as_prompt(input_ids) -> torch.Tensor:
+def as_prompt(input_ids) -> torch.Tensor:
     """input_ids (list of ints, [P] or [1, P] tensor) -> [P] int64 CPU tensor."""
     ids = torch.as_tensor(input_ids, dtype=torch.long).cpu()
     if ids.dim() == 2:
@@ -97,7 +97,8 @@ def _as_proposer(draft) -> Proposer | None:
     )
 
 
-def _eos_ids(eos_token_id: int | Sequence[int] | None) -> set[int]:
+def eos_ids(eos_token_id: int | Sequence[int] | None) -> set[int]:
+    """The EOS ids of `eos_token_id`: none, one id, or several."""
     if eos_token_id is None:
         return set()
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else set(eos_token_id)
@@ -114,37 +115,23 @@ def _sampling_width(target, draft_cache, vocab_limit: int | None) -> tuple[int, 
     return width, vocab_limit
 
 
-def generate(
-    target,
-    input_ids: Sequence[int] | torch.Tensor,
-    *,
-    draft=None,
-    k: int | str | Policy = 4,
-    max_k: int = 8,
-    step_times: Sequence[float] | None = None,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    max_new_tokens: int = 128,
-    eos_token_id: int | Sequence[int] | None = None,
-    seed: int = 0,
-    vocab_limit: int | None = None,
-    max_steps: int | None = None,
-    prefill_last: bool = True,
-    warm_start: bool | str = True,
-) -> GenerationResult:
+def generate(target, input_ids: Sequence[int] | torch.Tensor, *, draft=None, k: int | str | Policy = 4, max_k: int = 8,
+             step_times: Sequence[float] | None = None, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, max_new_tokens: int = 128, eos_token_id: int | Sequence[int] | None = None,
+             seed: int = 0, vocab_limit: int | None = None, max_steps: int | None = None, prefill_last: bool = True,
+             warm_start: bool | str = True) -> GenerationResult:
     """Lossless speculative decoding of `target` from `input_ids`.
 
     target: a transformers causal LM or any `backends.SpecModel` (a llama.cpp `LlamaModel`, ...).
-    draft: None (plain decoding), a causal LM or SpecModel (wrapped as DraftModel) or a `Proposer`. k: drafts per round (0 = plain decoding), or "auto": each
-    round drafts the k in 0..max_k with the most expected tokens per second (`policy.AutoK`), from
-    acceptance by position and step times learned from the past rounds; `step_times` (V(0..max_k),
-    seconds) seeds the step times. An `AutoK` instance (any `policy.Policy`) as k is used and updated
-    in place: pass the same one to successive calls with the same pair and it starts from what it
-    learned (max_k is then its own). The choice depends on past rounds only, so decoding stays lossless
-    (greedy output is the same tokens); as it follows measured times, at temperature > 0 a seed fixes
-    the law of the output, not its tokens. Sampling is temperature/top-k/top-p target sampling, greedy at
-    temperature 0, seeded by `seed`.
+    draft: None (plain decoding), a causal LM or SpecModel (wrapped as DraftModel) or a `Proposer`.
+    k: drafts per round (0 = plain decoding), or "auto": each round drafts the k in 0..max_k with the
+    most expected tokens per second (`policy.AutoK`), from acceptance by position and step times learned
+    from the past rounds; `step_times` (V(0..max_k), seconds) seeds the step times. An `AutoK` instance
+    (any `policy.Policy`) as k is used and updated in place: pass the same one to successive calls with
+    the same pair and it starts from what it learned (max_k is then its own). The choice depends on past
+    rounds only, so decoding stays lossless (greedy output is the same tokens); as it follows measured
+    times, at temperature > 0 a seed fixes the law of the output, not its tokens. Sampling is
+    temperature/top-k/top-p target sampling, greedy at temperature 0, seeded by `seed`.
     vocab_limit: ids >= vocab_limit are never produced (the tokenizer's length when the output
     layer is padded); default: the smaller of the models' declared `moespec_vocab_limit` (synthetic
     presets declare theirs), else the shared logit width; a limit above that width (a draft narrower
@@ -168,28 +155,40 @@ def generate(
     once per loaded model, before the call's clock starts.
     """
     policy = make_policy(k, max_k, step_times)
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if max_steps is not None and max_steps < 1:
-        raise ValueError(f"max_steps must be >= 1 round (or None), got {max_steps}")
+    _check_budget(max_new_tokens, max_steps)
     config = SamplingConfig(temperature=float(temperature), top_k=top_k, top_p=top_p)
-    prompt = _as_prompt(input_ids)
+    prompt = as_prompt(input_ids)
     tgt = as_spec_model(target)
     tgt.reset()
     proposer = _as_proposer(draft) if policy.max_k > 0 else None
     mode = resolve_mode(warm_start, policy) if proposer is not None else None
     key = store_key(tgt, proposer) if mode == "store" else None  # hashes a torch model's weights once
-    draft_cache = proposer.cache if proposer is not None else None
-    width, vocab_limit = _sampling_width(tgt, draft_cache, vocab_limit)
-    for role, m in (("target", tgt), ("draft", draft_cache)):
-        _check_room(role, m, prompt.shape[0], max_new_tokens, policy.max_k)
-    sampler = Sampler(config, width=width, vocab_limit=vocab_limit, seed=seed)
+    sampler = _sampler(config, tgt, proposer, vocab_limit=vocab_limit, seed=seed, prompt_tokens=prompt.shape[0],
+                       max_new_tokens=max_new_tokens, max_k=policy.max_k)
     if proposer is not None:
         proposer.begin(target=tgt, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler)
         tgt.forward_s = 0.0
     return _decode(tgt, proposer, sampler, policy, prompt, max_new_tokens=max_new_tokens, max_steps=max_steps,
-                   eos=_eos_ids(eos_token_id), prefill_last=prefill_last, warm_mode=mode, key=key,
+                   eos=eos_ids(eos_token_id), prefill_last=prefill_last, warm_mode=mode, key=key,
                    clock=time.perf_counter)
+
+
+def _check_budget(max_new_tokens: int, max_steps: int | None) -> None:
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1 round (or None), got {max_steps}")
+
+
+def _sampler(config: SamplingConfig, target, proposer: Proposer | None, *, vocab_limit: int | None, seed: int,
+             prompt_tokens: int, max_new_tokens: int, max_k: int) -> Sampler:
+    """The call's sampler, over the narrower output layer and the vocabulary limit, once both models'
+    caches are known to hold the prompt, the budget and a round's drafts."""
+    draft_cache = proposer.cache if proposer is not None else None
+    width, vocab_limit = _sampling_width(target, draft_cache, vocab_limit)
+    for role, m in (("target", target), ("draft", draft_cache)):
+        _check_room(role, m, prompt_tokens, max_new_tokens, max_k)
+    return Sampler(config, width=width, vocab_limit=vocab_limit, seed=seed)
 
 
 PLAIN_RUN_MIN = 2  # rounds: a shorter plain run goes through the round as any other

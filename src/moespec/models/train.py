@@ -1,8 +1,8 @@
 """Training the shipped presets: language models on the standard library and the corpus.
 
-A `Recipe` is a transformers config plus the optimisation settings and its vocabulary: the byte
-tokenizer (`trained:olmoe`, `trained:draft`) or SmolLM2's (`trained:smollm2-draft`, read from the
-installed GGUF file; documents are tokenized once and cached). `train` runs it: windows of
+A `Recipe` is a transformers config plus the optimisation settings and its vocabulary
+(`models.vocabulary`): the byte tokenizer (`trained:olmoe`, `trained:draft`) or SmolLM2's
+(`trained:smollm2-draft`). `train` runs it: windows of
 `seq` tokens drawn by a seeded generator (`corpus_share` of them from the shipped corpus, the rest
 from the standard library; `texts` holds documents back), AdamW with warm-up and cosine decay,
 OLMoE's router load-balancing loss where the model has one, and for a draft the target's
@@ -32,13 +32,11 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from moespec.cache import cache_dir
 from moespec.models.heldout import agreement, bits_per_byte  # noqa: F401 (also moespec.models.train's API)
 from moespec.texts import CORPUS_HOLDOUT, TextSplit, corpus_documents, held_out, training_text
-from moespec.models.tokenizer import BOS_ID, EOS_ID, MARKER_FILE, PAD_ID, ByteTokenizer
+from moespec.models.tokenizer import MARKER_FILE, ByteTokenizer
+from moespec.models.vocabulary import SMOLLM2, held_out_tokens, token_streams, vocabulary
 
-VOCAB = 272  # the byte tokenizer's ids padded to a multiple of 16, as in the synthetic presets
-SMOLLM2 = "smollm2"
 CHECKPOINT = "checkpoint.pt"
 MANIFEST = "manifest.json"
 SLICE_BYTES = 8192  # the held-out slice a test re-scores against the manifest
@@ -78,74 +76,6 @@ class Recipe:
                       tie_word_embeddings=False, max_position_embeddings=4096)
         kwargs.update(self.config)
         return getattr(transformers, self.arch)(**kwargs)
-
-
-@dataclass(frozen=True)
-class Vocabulary:
-    """A recipe's token ids: `width` logits, of which the first `limit` are real tokens."""
-
-    name: str
-    width: int
-    limit: int
-    bos: int
-    eos: int
-    pad: int
-
-    def tokenizer(self):
-        if self.name == "bytes":
-            return ByteTokenizer()
-        from moespec.models import gguf
-
-        return gguf.tokenizer(gguf.SMOLLM2)
-
-    def encode(self, docs) -> np.ndarray:
-        """[tokens] int32: each document as its ids, each led by `bos` (the byte tokenizer's BOS,
-        SmolLM2's <|endoftext|>)."""
-        if not docs:
-            return np.zeros(0, dtype=np.int32)
-        if self.name == "bytes":
-            return np.concatenate([d.ids for d in docs]).astype(np.int32)
-        ids = self.tokenizer()([d.text for d in docs], add_special_tokens=False)["input_ids"]
-        return np.concatenate([np.asarray([self.bos, *x], dtype=np.int32) for x in ids])
-
-
-def vocabulary(name: str) -> Vocabulary:
-    if name == "bytes":
-        return Vocabulary("bytes", VOCAB, ByteTokenizer.vocab_size, BOS_ID, EOS_ID, PAD_ID)
-    if name == SMOLLM2:
-        # SmolLM2's 49,152 ids are all real; <|endoftext|> (0) separates documents, <|im_end|> (2) ends a turn.
-        return Vocabulary(SMOLLM2, 49152, 49152, 0, 2, 2)
-    raise ValueError(f"unknown tokenizer {name!r}; recipes use 'bytes' or '{SMOLLM2}'")
-
-
-def _cache_dir() -> Path:
-    return cache_dir() / "tokens"
-
-
-def token_streams(split: TextSplit, v: Vocabulary) -> list[np.ndarray]:
-    """[stdlib training ids, corpus training ids] in vocabulary `v`; SmolLM2's are cached on disk,
-    keyed by the text's fingerprint (tokenizing 13 MB takes a few seconds, loading the tokenizer more)."""
-    if v.name == "bytes":
-        return [split.train_ids(0), split.train_ids(1)]
-    key = hashlib.sha256(json.dumps([v.name, split.fingerprint()["train"]], sort_keys=True).encode()).hexdigest()[:16]
-    path = _cache_dir() / f"{v.name}-{key}.npz"
-    if path.exists():
-        with np.load(path) as z:
-            return [z["stdlib"], z["corpus"]]
-    streams = [v.encode(split.train[0]), v.encode(split.train[1])]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, stdlib=streams[0], corpus=streams[1])
-    os.replace(tmp, path)
-    return streams
-
-
-def held_out_tokens(split: TextSplit, v: Vocabulary, kind: str) -> np.ndarray:
-    """[tokens] int32: the held-out documents of `kind` in vocabulary `v`."""
-    docs = [d for d in split.held_out if d.kind == kind]
-    if not docs:
-        raise ValueError(f"no held-out documents of kind {kind!r}")
-    return v.encode(docs)
 
 
 RECIPES: dict[str, Recipe] = {
@@ -279,6 +209,61 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def build_student(r: Recipe, teacher, seed: int):
+    """The recipe's untrained model, initialised from `seed` (and from the teacher's layers where the
+    recipe says so), in float32 and training mode."""
+    torch.manual_seed(seed)
+    cfg = r.build_config(teacher)
+    if r.aux_loss:
+        cfg.output_router_logits = True
+        cfg.router_aux_loss_coef = r.aux_loss
+    model = transformers.AutoModelForCausalLM.from_config(cfg).float().train()
+    if r.init_embedding == "teacher-layers":
+        init_from_teacher(model, teacher, list(r.extra["teacher_layers"]))
+    elif r.init_embedding is not None:
+        raise ValueError(f"unknown init_embedding {r.init_embedding!r}; use 'teacher-layers' or None")
+    if r.aux_loss:
+        model.set_experts_implementation("grouped_mm")  # the fastest of transformers' kernels to train here
+    return model
+
+
+def _resume(ckpt: Path, r: Recipe, seed: int, model, opt, g: torch.Generator) -> tuple[int, int, float]:
+    """(step, tokens, wall seconds) so far: the checkpoint's, its model, optimiser and generators restored;
+    (0, 0, 0.0) without one."""
+    if not ckpt.exists():
+        return 0, 0, 0.0
+    state = torch.load(ckpt, weights_only=False)
+    if state["recipe"] != asdict(r) or state["seed"] != seed:
+        raise ValueError(f"{ckpt} was written by another recipe or seed; delete it or train into another folder")
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    g.set_state(state["generator"])
+    torch.set_rng_state(state["torch_rng"])
+    return state["step"], state["tokens"], state["wall_s"]
+
+
+def _optimizer_step(model, opt, x: torch.Tensor, r: Recipe, teacher, step: int) -> float:
+    """One AdamW step on the batch x [batch, seq + 1] at step's learning rate; its cross-entropy (nats)."""
+    for group in opt.param_groups:
+        group["lr"] = learning_rate(r, step)
+    loss, ce = step_loss(model, x, r, teacher)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return ce
+
+
+def _checkpoint(ckpt: Path, r: Recipe, seed: int, model, opt, g: torch.Generator, *, step: int, tokens: int,
+                wall: float) -> None:
+    """Everything `_resume` restores, written atomically."""
+    tmp = ckpt.with_suffix(".tmp")
+    torch.save({"recipe": asdict(r), "seed": seed, "model": model.state_dict(), "opt": opt.state_dict(),
+                "generator": g.get_state(), "torch_rng": torch.get_rng_state(), "step": step,
+                "tokens": tokens, "wall_s": wall}, tmp)
+    os.replace(tmp, ckpt)
+
+
 def train(
     name: str,
     out: str | Path,
@@ -310,41 +295,15 @@ def train(
     if teacher is not None:
         teacher.eval().requires_grad_(False)
 
-    torch.manual_seed(seed)
-    cfg = r.build_config(teacher)
-    if r.aux_loss:
-        cfg.output_router_logits = True
-        cfg.router_aux_loss_coef = r.aux_loss
-    model = transformers.AutoModelForCausalLM.from_config(cfg).float().train()
-    if r.init_embedding == "teacher-layers":
-        init_from_teacher(model, teacher, list(r.extra["teacher_layers"]))
-    elif r.init_embedding is not None:
-        raise ValueError(f"unknown init_embedding {r.init_embedding!r}; use 'teacher-layers' or None")
-    if r.aux_loss:
-        model.set_experts_implementation("grouped_mm")  # the fastest of transformers' kernels to train here
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=r.lr, betas=(0.9, 0.95), weight_decay=r.weight_decay)
+    model = build_student(r, teacher, seed)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=r.lr, betas=(0.9, 0.95),
+                            weight_decay=r.weight_decay)
     g = torch.Generator().manual_seed(seed)
-    step, tokens, wall = 0, 0, 0.0
     ckpt = out / CHECKPOINT
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        if state["recipe"] != asdict(r) or state["seed"] != seed:
-            raise ValueError(f"{ckpt} was written by another recipe or seed; delete it or train into another folder")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        g.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        step, tokens, wall = state["step"], state["tokens"], state["wall_s"]
-
+    step, tokens, wall = _resume(ckpt, r, seed, model, opt, g)
     while step < r.steps:
         t0 = time.perf_counter()
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(r, step)
-        loss, ce = step_loss(model, sample_batch(streams, r, g), r, teacher)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        ce = _optimizer_step(model, opt, sample_batch(streams, r, g), r, teacher, step)
         step += 1
         tokens += r.batch * r.seq
         dt = time.perf_counter() - t0
@@ -352,11 +311,7 @@ def train(
         if on_step is not None:
             on_step(step, ce / math.log(2), r.batch * r.seq / dt)
         if step % r.checkpoint_every == 0 or step == r.steps:
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"recipe": asdict(r), "seed": seed, "model": model.state_dict(), "opt": opt.state_dict(),
-                        "generator": g.get_state(), "torch_rng": torch.get_rng_state(), "step": step,
-                        "tokens": tokens, "wall_s": wall}, tmp)
-            os.replace(tmp, ckpt)
+            _checkpoint(ckpt, r, seed, model, opt, g, step=step, tokens=tokens, wall=wall)
     return finish(model, r, name, out, split=split, seed=seed, tokens=tokens, wall=wall, command=command,
                   teacher=teacher)
 
