@@ -367,30 +367,6 @@ def predict_all(characterization, traces, measurement_base, *, acceptance: Seque
             "bounds_vacuous": engine_eps(char) >= EPS_VACUOUS, "depths": depths}
 
 
-def seed_step_times(path: str | Path, *, max_k: int, kernel: str = "auto", version: str = "calibrated",
-                    depth: int | None = None) -> list[float]:
-    """V(0..max_k) in seconds from a prediction artifact, to seed `generate(k="auto", step_times=...)`.
-
-    The step times (22) of `version` (falling back to the next available one) and `kernel` ("slot",
-    "dedup" or "auto": the faster of the two at each pass size) at `depth` (default: the first).
-    """
-    payload = artifacts.load(path, KIND)["payload"]
-    entries = {e["depth"]: e for e in payload["depths"]}
-    entry = entries.get(depth) if depth is not None else payload["depths"][0]
-    if entry is None:
-        raise ValueError(f"{path} predicts depths {sorted(entries)}, not {depth}; pass one of them")
-    chosen = preferred_version(entry["versions"], version)
-    if chosen is None:
-        raise ValueError(f"{path} holds no predicted version at depth {entry['depth']}")
-    found = entry["versions"][chosen]
-    V = found["V"].get(kernel)
-    if V is None:
-        raise ValueError(f"kernel {kernel!r} is not in {path}; use one of {sorted(found['V'])}")
-    if len(V) < max_k + 1:
-        raise ValueError(f"{path} predicts V(k) up to k = {len(V) - 1}; pass --max-k {len(V) - 1} or less")
-    return [float(v) for v in V[: max_k + 1]]
-
-
 class StepTimesNotFound(ValueError):
     """A prediction artifact lacks the step times asked for; `argument` names what to change
     ("path", "depth", "version", "kernel" or "max_k")."""
@@ -445,3 +421,11 @@ def predicted_step_times(path: str | Path, *, kernel: str, version: str | None =
         raise StepTimesNotFound(f"{path} predicts V(k) up to k = {len(V) - 1}; pass --max-k {len(V) - 1} or less",
                                 "max_k")
     return PredictedStepTimes([float(v) for v in V[: None if max_k is None else max_k + 1]], chosen, int(entry["depth"]))
+
+
+def seed_step_times(path: str | Path, *, max_k: int, kernel: str = "auto", version: str = "calibrated",
+                    depth: int | None = None) -> list[float]:
+    """V(0..max_k) in seconds from a prediction artifact, to seed `generate(k="auto", step_times=...)`:
+    `predicted_step_times` of `version` (falling back to the next available one) and `kernel` ("slot",
+    "dedup" or "auto": the faster of the two at each pass size) at `depth` (default: the first)."""
+    return predicted_step_times(path, kernel=kernel, version=version, depth=depth, fallback=True, max_k=max_k).V
