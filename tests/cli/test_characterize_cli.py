@@ -151,3 +151,13 @@ def test_a_pass_longer_than_every_trace_document_is_refused_before_any_work(tmp_
                                                             "--traces", str(traces), "--n", "2..5000"])
     words = " ".join(result.output.replace("│", " ").split())
     assert result.exit_code == 2 and "n = 5000, is longer than the trace's longest document (24 tokens" in words, words
+
+
+def test_a_trained_preset_is_a_model_here_as_in_measure(tmp_path):
+    """`characterize --model trained:olmoe` said it was no model though `measure` takes it; now it loads,
+    and a trace of another model is what stops it (the lineage check names both)."""
+    traces = olmoe_tiny_trace(tmp_path / "traces.parquet")
+    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["characterize", "--model", "trained:olmoe", "--traces",
+                                                            str(traces), "--n", "1..3"])
+    assert result.exit_code != 0 and "is neither" not in result.output
+    assert "trained:olmoe" in result.output and "synthetic:olmoe-tiny" in result.output, result.output

@@ -63,14 +63,15 @@ def _experts_source(model: Any, dtype, spec: str | None, threads: int | None = N
         threads = threads or default_threads()
         return ((lambda l: ExpertLayer(spec, blocks[l], threads=threads)), len(blocks), spec,
                 {**gguf_info.identity(spec), "options": {"threads": threads}})
-    if spec.startswith("synthetic:"):
+    if spec.startswith(("synthetic:", "trained:")):  # the presets moespec builds or ships, as `measure` takes them
         from moespec.models import load
 
         built, _ = load(spec, dtype=dtype)
         found = find_experts(built)
         return (lambda l: found[l]), len(found), spec, of_model(spec, built, experts=PER_POINT)
     if not Path(spec).expanduser().is_dir():
-        raise ValueError(f"model {spec!r} is neither synthetic:NAME, a local checkpoint folder, nor a module")
+        raise ValueError(f"model {spec!r} is neither synthetic:NAME, trained:NAME, a .gguf file, a local checkpoint "
+                         "folder, nor a module")
     # a folder's layers are loaded one at a time: no whole model to fingerprint
     provenance = {"model": spec, "dtype": None if dtype is None else str(dtype).removeprefix("torch.")}
     return (lambda l: expert_op.load_layer_experts(Path(spec).expanduser(), l, dtype=dtype)), None, spec, provenance
