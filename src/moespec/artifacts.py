@@ -19,6 +19,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from moespec.artifact_schema import check as check_fields
+
 SCHEMA_VERSION = 2
 
 
@@ -113,8 +115,10 @@ def kind_of(path: str | Path) -> str | None:
     return doc.get("kind") if isinstance(doc, dict) else None
 
 
-def load(path: str | Path, kind: str) -> dict:
-    """Read an artifact and check its kind and schema version; returns the whole document."""
+def load(path: str | Path, kind: str, needs: tuple[str, ...] = ()) -> dict:
+    """Read an artifact and check its kind, schema version and the fields its readers need
+    (`artifact_schema`: every field it names where present, and the top-level fields in `needs`);
+    returns the whole document."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no {kind} artifact at {path}; create it with `moespec {kind}`")
@@ -131,4 +135,5 @@ def load(path: str | Path, kind: str) -> dict:
             f"{path} has schema version {doc.get('schema_version')}, this moespec reads "
             f"{SCHEMA_VERSION}; run `moespec {kind}` again to regenerate it"
         )
+    check_fields(kind, doc["payload"], path, needs)  # a field the readers need, missing or edited: named here
     return doc

@@ -74,10 +74,11 @@ class BaseInputs:
     slot_outside: Mapping[int, np.ndarray] | None = None
 
 
-def payload_of(source: str | Path | Mapping[str, Any], kind: str) -> dict[str, Any]:
-    """The payload of an artifact given as a path, a loaded document or a bare payload."""
+def payload_of(source: str | Path | Mapping[str, Any], kind: str, needs: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The payload of an artifact given as a path (checked: `artifacts.load`, the top-level fields in
+    `needs` present and whole), a loaded document or a bare payload."""
     if isinstance(source, (str, Path)):
-        return artifacts.load(source, kind)["payload"]
+        return artifacts.load(source, kind, needs)["payload"]
     if not isinstance(source, Mapping):
         raise TypeError(f"a {kind} artifact must be a path or a dict, got {type(source).__name__}")
     return dict(source["payload"]) if "payload" in source and "kind" in source else dict(source)
@@ -324,9 +325,9 @@ def predict_from_artifacts(
 def _inputs(characterization, traces, measurement_base, sources: Mapping[str, str] | None):
     """(characterization, trace, base measurement, the identity they share): refused unless they
     describe one model (`models.lineage.check_chain`); `sources` names them by file in the message."""
-    char = payload_of(characterization, "characterize")
+    char = payload_of(characterization, "characterize", needs=("fits", "eps", "layers"))
     trace = traces if isinstance(traces, RoutingTrace) else RoutingTrace.load(traces)
-    base = payload_of(measurement_base, "measure")
+    base = payload_of(measurement_base, "measure", needs=("verify",))
     named = dict(zip(("characterization", "traces", "measurement_base"), (char, trace, base)))
     return char, trace, base, check_chain({_label(k, sources): v for k, v in named.items()})
 

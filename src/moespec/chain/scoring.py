@@ -83,8 +83,8 @@ def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str
     Refused unless the prediction and the measurement describe one model (`models.lineage.check_chain`)."""
     from moespec.costmodel.steadiness import check
 
-    meas = payload_of(measurement, "measure")
-    pred = payload_of(prediction_payload, KIND)
+    meas = payload_of(measurement, "measure", needs=("verify",))
+    pred = payload_of(prediction_payload, KIND, needs=("depths",))
     shared = check_chain({"prediction": pred, "measurement": meas})
     out = []
     for entry in pred["depths"]:

@@ -115,7 +115,6 @@ def score_command(
 ) -> None:
     """Score the prediction against the measurement: Tables 3, 4, 7 and the rules of Table 8; exits 1,
     writing nothing, when no version can be scored."""
-    from moespec.chain.prediction import KIND
     from moespec.chain.scoring import SCORE_KIND, score_all
 
     if kernel not in COST_KERNELS:
@@ -132,7 +131,7 @@ def score_command(
             cli_console().print(line)
         cli_console().print(f"wrote {figure}: k̂*(a, B) against a, one line per B")
         return
-    _write_versions(lambda: score_all(artifacts.load(prediction, KIND), measurement, kernel=kernel), _score_table,
+    _write_versions(lambda: score_all(prediction, measurement, kernel=kernel), _score_table,
                     "scored", SCORE_KIND, out)
 
 
