@@ -1,0 +1,205 @@
+"""The answer for the user's candidates: k̂*, the speedup and the engines' lines per candidate, and the
+best of them (issue 50; cost-model paper Sec. 1, eq. (9); `costmodel.positional`).
+
+`predict_candidate` reads τ̂(n) of the chain's prediction ("predict" payload, the calibrated version
+by default) at n = k + 1 and the candidate's calibration (`chain.candidates.calibrate`, made on the
+calibration half only), forms V̂(k) = τ̂(k+1) + ĥ(k) and answers with `positional.answer`: k̂*, the
+speedup and its band, E(k) with the geometric G_a(k) beside it, n-min and p-min, and the lines for
+llama-server, vLLM and SGLang (`costmodel.settings`). `answer_for` names the best candidate.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
+
+from moespec.chain.candidates import DRAFT, LOOKUP, NGRAM_MOD, NGRAM_SIMPLE, Candidate, CandidateCalibration
+from moespec.chain.prediction import KIND, payload_of
+from moespec.bench.candidate import expected_draft_cost
+from moespec.costmodel.positional import PLAINLY, SPECULATE, PositionalAnswer, answer, draft_step_times, plain
+from moespec.costmodel.predict import preferred_version
+from moespec.costmodel.settings import (
+    LLAMA_ARG,
+    Setting,
+    Settings,
+    llama_cpp_settings,
+    sglang_settings,
+    vllm_settings,
+)
+from moespec.kernel_names import COST_AUTO
+
+NGRAM_SIMPLE_NOTE = ("llama.cpp's ngram-simple rule, the one measured; size-m is the draft length k̂*; "
+                     "vLLM's and SGLang's n-gram lookups are their own rules, priced at this acceptance")
+
+
+def prediction_tau(prediction: Any, *, kmax: int, version: str = "calibrated", kernel: str = COST_AUTO,
+                   depth: int | None = None) -> tuple[list[float], str, int, float]:
+    """(τ̂(1..kmax+1) in seconds, the version read, the depth, δ) from a predict artifact (a path, a
+    document or its payload): `version` or the next available (`costmodel.predict.preferred_version`)
+    at `depth` (default: the first). Refused unless the prediction's pass sizes reach kmax + 1."""
+    depths = payload_of(prediction, KIND).get("depths") or []
+    entries = {int(e["depth"]): e for e in depths}
+    entry = depths[0] if depths and depth is None else entries.get(depth)
+    if entry is None:
+        raise ValueError(f"the prediction has depths {sorted(entries)}, not {depth}; pass one of them")
+    chosen = preferred_version(entry.get("versions", {}), version)
+    if chosen is None:
+        raise ValueError(f"the prediction holds no version at depth {entry['depth']}; run `moespec predict` again")
+    p = entry["versions"][chosen]
+    if kernel not in p["tau"]:
+        raise ValueError(f"kernel {kernel!r} is not in the prediction; use one of {sorted(p['tau'])}")
+    n_max = max(p["n"])
+    if n_max < kmax + 1:
+        raise ValueError(f"the prediction's pass sizes reach n = {n_max}, and k = {kmax} drafts need a pass of "
+                         f"n = {kmax + 1}; calibrate with kmax <= {n_max - 1} or predict to n >= {kmax + 1}")
+    tau = [float(t) for t in p["tau"][kernel][: kmax + 1]]
+    delta = p.get("delta")
+    return tau, chosen, int(entry["depth"]), math.inf if delta is None else float(delta)
+
+
+def restricted(ans: PositionalAnswer, min_k: int) -> PositionalAnswer:
+    """The answer with draft lengths 1..min_k - 1 left out (they draft nothing: ngram-simple below
+    size-n): k̂* and n-min over {0} ∪ {min_k..kmax}; the band stays that of every k (wider)."""
+    if min_k <= 1:
+        return ans
+    r = [e / v for e, v in zip(ans.expected, ans.step_times)]
+    allowed = [0] + list(range(min_k, len(r)))
+    k = max(allowed, key=lambda j: (r[j], -j))
+    n_min = next((j for j in allowed[1:] if r[j] > r[0]), 0)
+    return replace(ans, k_star=k, speedup=ans.expected[k] * ans.step_times[0] / ans.step_times[k], n_min=n_min)
+
+
+def ngram_simple_settings(candidate: Candidate, k: int) -> Settings:
+    """llama-server's line for llama.cpp's ngram-simple at draft length k (size-m = k)."""
+    if k == 0:
+        return llama_cpp_settings(k=0, n_min=0, p_min=0, prompt_lookup=1)
+    values = (
+        Setting("--spec-type", "ngram-simple", "draft by copying what followed the latest match of the last "
+                "size-n tokens", f"{LLAMA_ARG} (--spec-type)"),
+        Setting("--spec-ngram-simple-size-n", candidate.n, "tokens matched", f"{LLAMA_ARG}"),
+        Setting("--spec-ngram-simple-size-m", k, "draft length k̂*: tokens copied", f"{LLAMA_ARG}", True),
+        Setting("--spec-ngram-simple-min-hits", candidate.min_hits, "parsed; the rule does not read it", LLAMA_ARG),
+    )
+    fragment = " ".join(f"{s.name} {shlex.quote(str(s.value))}" for s in values)
+    return Settings("llama.cpp", True, values, fragment, NGRAM_SIMPLE_NOTE)
+
+
+def candidate_settings(candidate: Candidate, ans: PositionalAnswer) -> dict[str, dict]:
+    """{engine: Settings.to_dict()} at k̂*, n-min and p-min of the answer. llama-server runs the rule
+    measured: -md FILE for a draft file; ngram-mod with the candidate's n-match and n-min (n-max k̂*);
+    ngram-simple with its size-n (size-m k̂*). A prompt-lookup candidate's llama.cpp line is ngram-mod,
+    another rule (measure an ngram-mod candidate to price it); the oracle's names DRAFT_MODEL."""
+    k, draft = ans.k_star, candidate.draft if candidate.kind == DRAFT else None
+    lookup = candidate.n if candidate.kind in (LOOKUP, NGRAM_MOD, NGRAM_SIMPLE) else None
+    if candidate.kind == NGRAM_SIMPLE:
+        llama = ngram_simple_settings(candidate, k)
+    else:
+        n_min = min(candidate.n_min, k) if candidate.kind == NGRAM_MOD else ans.n_min
+        llama = llama_cpp_settings(k=k, n_min=n_min, p_min=ans.p_min, draft=draft, prompt_lookup=lookup)
+    return {"llama.cpp": llama.to_dict(), "vllm": vllm_settings(k=k, draft=draft, prompt_lookup=lookup).to_dict(),
+            "sglang": sglang_settings(k=k, draft=draft, prompt_lookup=lookup).to_dict()}
+
+
+@dataclass(frozen=True)
+class CandidatePrediction:
+    """The answer for one candidate: τ̂(k+1) and ĥ(k) ([kmax + 1] seconds), the answer from V̂ = τ̂ + ĥ,
+    and the engines' settings. Its calibration never read the held-out half."""
+
+    candidate: Candidate
+    version: str
+    kernel: str
+    depth: int
+    tau: tuple
+    h: tuple
+    answer: PositionalAnswer
+    settings: dict
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+    def speedup_at(self, k: int) -> float:
+        """The predicted speedup at draft length k: E(k) V̂(0) / V̂(k)."""
+        a = self.answer
+        return float(a.expected[k] * a.step_times[0] / a.step_times[k])
+
+    def to_dict(self) -> dict:
+        return {"candidate": self.candidate.to_dict(), "name": self.name, "version": self.version,
+                "kernel": self.kernel, "depth": self.depth, "tau": [plain(x) for x in self.tau],
+                "h": [plain(x) for x in self.h], "answer": self.answer.to_dict(), "settings": self.settings}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CandidatePrediction":
+        return cls(Candidate.from_dict(d["candidate"]), d["version"], d["kernel"], d["depth"], tuple(d["tau"]),
+                   tuple(d["h"]), PositionalAnswer.from_dict(d["answer"]), d["settings"])
+
+
+def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, version: str = "calibrated",
+                      kernel: str = COST_AUTO, depth: int | None = None) -> CandidatePrediction:
+    """k̂*, the speedup with its band, n-min, p-min and the settings for one calibrated candidate.
+
+    V̂(k) = τ̂(k+1) + ĥ(k): τ̂ from the prediction (`prediction_tau`), ĥ(k) the calibration's draft
+    cost weighted by the chance a round at k accepted all (`bench.candidate.expected_draft_cost`).
+    The band uses the prediction's δ (none when δ >= 1: the bounds are vacuous)."""
+    kmax = calibration.kmax
+    tau, chosen, at, delta = prediction_tau(prediction, kmax=kmax, version=version, kernel=kernel, depth=depth)
+    acceptance = calibration.measured.acceptance
+    h = expected_draft_cost(calibration.cost, acceptance.alpha[:kmax])
+    h = [float(x) for x in h]
+    V = draft_step_times(tau, h)
+    ans = answer(V, acceptance, delta=delta if delta < 1 else 0)
+    if delta >= 1:
+        ans = replace(ans, speedup_low=0.0, speedup_high=math.inf)
+    ans = restricted(ans, calibration.candidate.min_k)
+    return CandidatePrediction(calibration.candidate, chosen, kernel, at, tuple(tau), tuple(h), ans,
+                               candidate_settings(calibration.candidate, ans))
+
+
+@dataclass(frozen=True)
+class CandidatesAnswer:
+    """The answer over all candidates: the best (largest predicted speedup at its k̂*) when one pays,
+    else None and "decode plainly"; best_drafting: the largest speedup any candidate predicts at any
+    k >= 1 (below 1 when none pays: the figure the verdict gives)."""
+
+    best: str | None
+    k_star: int
+    speedup: float
+    best_drafting: float
+    settings: dict
+    candidates: tuple[str, ...]
+
+    @property
+    def verdict(self) -> str:
+        return PLAINLY if self.best is None else SPECULATE
+
+    @property
+    def message(self) -> str:
+        if self.best is None:
+            return (f"{PLAINLY}: no candidate pays (the best drafting predicts "
+                    f"{self.best_drafting:.2f}x plain decoding)")
+        return f"{self.best}: k = {self.k_star}, {self.speedup:.2f}x plain decoding"
+
+    def to_dict(self) -> dict:
+        return {"best": self.best, "k_star": self.k_star, "speedup": self.speedup,
+                "best_drafting": self.best_drafting, "settings": self.settings, "candidates": list(self.candidates),
+                "verdict": self.verdict, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "CandidatesAnswer":
+        return cls(d["best"], d["k_star"], d["speedup"], d["best_drafting"], d["settings"], tuple(d["candidates"]))
+
+
+def answer_for(predictions: Sequence[CandidatePrediction]) -> CandidatesAnswer:
+    """The best candidate by predicted speedup at its k̂* (the first on a tie), or "decode plainly"."""
+    if not predictions:
+        raise ValueError("no candidate predictions to answer from; calibrate and predict at least one")
+    names = tuple(p.name for p in predictions)
+    drafting = max((p.speedup_at(k) for p in predictions for k in range(max(1, p.candidate.min_k),
+                                                                         len(p.tau))), default=0.0)
+    paying = [p for p in predictions if p.answer.k_star > 0]
+    if not paying:
+        return CandidatesAnswer(None, 0, 1.0, drafting, {}, names)
+    best = max(paying, key=lambda p: float(p.answer.speedup))  # max keeps the first of equals
+    return CandidatesAnswer(best.name, best.answer.k_star, float(best.answer.speedup), drafting, best.settings, names)

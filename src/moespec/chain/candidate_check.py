@@ -1,0 +1,192 @@
+"""The candidates checked on the held-out half, and the answer scored (issue 50, "Checked on the held-out half").
+
+`check_heldout` decodes each candidate in moespec's engine at every fixed k = 0..kmax (k = 0 is
+plain decoding, the baseline) on the held-out prompts, which the calibration never read: the
+score is out of sample by construction. Each prompt is prefilled once (`bench.prefilled.
+PrefilledTarget`) so a run's time is its decoding; that time is the engine's own clock
+(`Stats.total_s`), summarized per (k, prompt) as a `bench.timing.Timing` (its median over reps).
+`score_candidates` sets each prediction (`chain.candidate_answer`) beside its check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from moespec.bench.prefilled import PrefilledTarget
+from moespec.bench.timing import Timing
+from moespec.chain.candidate_answer import CandidatePrediction, answer_for
+from moespec.chain.candidates import Candidate, LoadedCandidate, load_candidate, prompt_ids
+from moespec.engine.decode import generate
+from moespec.texts import vocab_limit
+
+NAMED_BEST_SLACK = 0.02  # the named candidate may measure up to 2% below the measured best (issue 50)
+
+
+@dataclass(frozen=True)
+class HeldoutCheck:
+    """One candidate at every fixed k = 0..kmax on the held-out prompts, greedy.
+
+    tokens: [kmax + 1] new tokens over all prompts; seconds: [kmax + 1] the sum over prompts of each
+    prompt's median decode time over `reps`; throughput = tokens / seconds."""
+
+    candidate: Candidate
+    tokens: tuple[int, ...]
+    seconds: tuple[float, ...]
+    prompts: int
+    reps: int
+    new_tokens: int
+
+    @property
+    def throughput(self) -> tuple[float, ...]:
+        return tuple(n / s for n, s in zip(self.tokens, self.seconds))
+
+    @property
+    def speedup(self) -> tuple[float, ...]:
+        """[kmax + 1] measured throughput at k over plain decoding's (k = 0)."""
+        return tuple(t / self.throughput[0] for t in self.throughput)
+
+    @property
+    def best_k(self) -> int:
+        """The measured best fixed k (the smallest on a tie)."""
+        s = self.speedup
+        return s.index(max(s))
+
+    @property
+    def best_speedup(self) -> float:
+        return self.speedup[self.best_k]
+
+    def to_dict(self) -> dict:
+        return {"candidate": self.candidate.to_dict(), "tokens": list(self.tokens), "seconds": list(self.seconds),
+                "prompts": self.prompts, "reps": self.reps, "new_tokens": self.new_tokens,
+                "throughput": list(self.throughput), "speedup": list(self.speedup), "best_k": self.best_k,
+                "half": "held-out"}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "HeldoutCheck":
+        return cls(Candidate.from_dict(d["candidate"]), tuple(d["tokens"]), tuple(d["seconds"]), d["prompts"],
+                   d["reps"], d["new_tokens"])
+
+
+def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, prompts: Sequence, *, kmax: int,
+                  new_tokens: int, reps: int = 3, seed: int = 0, warmup: int = 1,
+                  load: Callable[[str], tuple] | None = None) -> HeldoutCheck:
+    """Measured tokens/s of the candidate at k = 0..kmax on the held-out `prompts` (ids, texts or chats).
+
+    Every (rep, k) pass runs all prompts with one fresh proposer (a fresh n-gram pool, as a server
+    starts); k runs ascending in even reps and descending in odd ones, so that drift on a shared
+    machine spreads over every k. `warmup` untimed passes over the first prompt at each k come first.
+    """
+    if reps < 1 or warmup < 0 or kmax < 1:
+        raise ValueError(f"need reps >= 1 (got {reps}), warmup >= 0 (got {warmup}) and kmax >= 1 (got {kmax})")
+    loaded = load_candidate(candidate, tokenizer=tokenizer, load=load)
+    ids = prompt_ids(tokenizer, prompts)
+    targets = [PrefilledTarget(target, q) for q in ids]
+    limit = vocab_limit(tokenizer)
+
+    def run(i: int, k: int, proposer):
+        return generate(targets[i], ids[i], draft=proposer, k=k, max_new_tokens=new_tokens, temperature=0.0,
+                        seed=seed + i, vocab_limit=limit).stats
+
+    for k in range(kmax + 1):
+        for _ in range(warmup):
+            run(0, k, loaded.proposer(k) if k else None)
+    samples = [[[] for _ in ids] for _ in range(kmax + 1)]  # [k][prompt] -> seconds per rep
+    tokens = [[0] * len(ids) for _ in range(kmax + 1)]
+    for rep in range(reps):
+        for k in (range(kmax + 1) if rep % 2 == 0 else range(kmax, -1, -1)):
+            proposer = loaded.proposer(k) if k else None
+            for i in range(len(ids)):
+                stats = run(i, k, proposer)
+                samples[k][i].append(stats.total_s)
+                tokens[k][i] = stats.new_tokens
+    seconds = tuple(sum(Timing(tuple(s)).median for s in by_prompt) for by_prompt in samples)
+    return HeldoutCheck(loaded.candidate, tuple(sum(t) for t in tokens), seconds, len(ids), reps, new_tokens)
+
+
+@dataclass(frozen=True)
+class CandidateScore:
+    """One candidate's prediction against its held-out check: k̂* against the measured best k, the
+    throughput lost at k̂* (1 - T(k̂*)/T(k_best)), and the predicted speedup at k̂* against the measured
+    one (relative error predicted/measured - 1). Out of sample: the calibration never read these prompts."""
+
+    name: str
+    k_hat: int
+    k_best: int
+    throughput_lost: float
+    predicted_speedup: float
+    measured_speedup: float
+
+    @property
+    def within_one(self) -> bool:
+        return abs(self.k_hat - self.k_best) <= 1
+
+    @property
+    def speedup_error(self) -> float:
+        return self.predicted_speedup / self.measured_speedup - 1
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "k_hat": self.k_hat, "k_best": self.k_best, "within_one": self.within_one,
+                "throughput_lost": self.throughput_lost, "predicted_speedup": self.predicted_speedup,
+                "measured_speedup": self.measured_speedup, "speedup_error": self.speedup_error}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CandidateScore":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class CandidatesScore:
+    """Every candidate's score, and the named best (None: "decode plainly") against the measured best
+    (None: plain decoding measured fastest): named_ok when the named choice measures within 2% of it."""
+
+    scores: tuple[CandidateScore, ...]
+    named: str | None
+    measured_best: str | None
+    named_speedup: float
+    measured_best_speedup: float
+
+    @property
+    def named_ok(self) -> bool:
+        return self.named == self.measured_best or \
+            self.named_speedup >= (1 - NAMED_BEST_SLACK) * self.measured_best_speedup
+
+    def to_dict(self) -> dict:
+        return {"scores": [s.to_dict() for s in self.scores], "named": self.named,
+                "measured_best": self.measured_best, "named_speedup": self.named_speedup,
+                "measured_best_speedup": self.measured_best_speedup, "named_ok": self.named_ok,
+                "out_of_sample": True}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CandidatesScore":
+        return cls(tuple(CandidateScore.from_dict(s) for s in d["scores"]), d["named"], d["measured_best"],
+                   d["named_speedup"], d["measured_best_speedup"])
+
+
+def score_one(prediction: CandidatePrediction, check: HeldoutCheck) -> CandidateScore:
+    """The prediction of one candidate scored against its held-out check (same kmax needed)."""
+    if len(prediction.tau) != len(check.tokens):
+        raise ValueError(f"{prediction.name}: predicted to kmax = {len(prediction.tau) - 1}, checked to "
+                         f"{len(check.tokens) - 1}; check every k the prediction priced")
+    k, T = prediction.answer.k_star, check.throughput
+    return CandidateScore(prediction.name, k, check.best_k, 1 - T[k] / T[check.best_k],
+                          prediction.speedup_at(k), check.speedup[k])
+
+
+def score_candidates(predictions: Sequence[CandidatePrediction], checks: Sequence[HeldoutCheck]) -> CandidatesScore:
+    """Each candidate's score (matched by name) and the named best (`answer_for`) against the measured
+    best: the candidate with the largest measured speedup at its best fixed k, or plain decoding (1x)
+    when none beats it. The named candidate is credited with its measured speedup at its best fixed k
+    (the choice of candidate is scored here, the choice of k by each CandidateScore); "decode
+    plainly" with 1x."""
+    by_name = {c.candidate.name: c for c in checks}
+    missing = [p.name for p in predictions if p.name not in by_name]
+    if missing:
+        raise ValueError(f"no held-out check for candidate(s) {missing}; check every predicted candidate")
+    scores = tuple(score_one(p, by_name[p.name]) for p in predictions)
+    named = answer_for(predictions).best
+    chosen = [by_name[p.name] for p in predictions]
+    top = max(chosen, key=lambda c: c.best_speedup)
+    measured_best, best_speedup = (top.candidate.name, top.best_speedup) if top.best_speedup > 1 else (None, 1.0)
+    named_speedup = by_name[named].best_speedup if named is not None else 1.0
+    return CandidatesScore(scores, named, measured_best, named_speedup, best_speedup)

@@ -1,0 +1,203 @@
+"""The candidate chain (issue 50): candidates and their calibration on tiny synthetic models, the
+prediction and the answer by hand, the held-out check on a fake clock, the score by hand."""
+
+from fractions import Fraction as F
+
+import pytest
+import torch
+
+import moespec.engine.decode as decode
+from moespec.backends.table_model import TableLM
+from moespec.bench.candidate import CandidateAcceptance, DraftCost
+from moespec.chain.candidate_answer import CandidatePrediction, answer_for, predict_candidate
+from moespec.chain.candidate_check import HeldoutCheck, CandidatesScore, check_heldout, score_candidates
+from moespec.chain.candidates import Candidate, CandidateCalibration, calibrate
+from moespec.costmodel.positional import PositionalAcceptance
+from moespec.engine.ngram import NgramMod, NgramSimple
+from moespec.engine.proposers import OracleDraft, PromptLookup
+from moespec.models import load
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def olmoe():
+    return load("synthetic:olmoe-tiny")
+
+
+def test_candidates_name_round_trip_and_refusals():
+    mod, simple = Candidate("ngram-mod", n=16, n_min=4), Candidate("ngram-simple", n=2)
+    assert mod.name == "ngram-mod n=16 n-min=4" and Candidate("prompt-lookup").n == 3
+    assert Candidate("oracle", acceptance=0.5).name == "oracle a=0.5" and simple.min_k == 2
+    for c in (mod, simple, Candidate("draft", draft="d.gguf"), Candidate("oracle", acceptance=0.7, seed=3)):
+        assert Candidate.from_dict(c.to_dict()) == c
+    # the proposer at k is the rule the emitted line runs at k: llama.cpp's draft length set to k
+    p = mod.proposer_at(2)
+    assert isinstance(p, NgramMod) and (p.n_match, p.n_max, p.n_min) == (16, 2, 2)
+    q = simple.proposer_at(3)
+    assert isinstance(q, NgramSimple) and (q.size_n, q.size_m) == (2, 3)
+    assert isinstance(Candidate("prompt-lookup", n=2).proposer_at(1), PromptLookup)
+    assert isinstance(Candidate("oracle", acceptance=0.5).proposer_at(1), OracleDraft)
+    for bad in (dict(kind="eagle"), dict(kind="draft"), dict(kind="oracle"), dict(kind="ngram-mod", draft="x"),
+                dict(kind="ngram-simple", n=0)):
+        with pytest.raises(ValueError):
+            Candidate(**bad)
+    with pytest.raises(ValueError, match="load_candidate"):
+        Candidate("draft", draft="d.gguf").proposer_at(1)
+
+
+def test_oracle_acceptance_holds_a_in_every_interval(olmoe):
+    # 2 prompts x 150 greedy tokens at kmax = 3, a = 0.6: ~80 rounds, >= 25 at risk at position 3;
+    # alpha_j = a at every position, so each 95% Wilson interval must hold 0.6 (seeded: fixed outcome)
+    target, tok = olmoe
+    cal = calibrate(target, tok, Candidate("oracle", acceptance=0.6), ["the cat sat", "a b c d"], kmax=3,
+                    new_tokens=150, cost_reps=2)
+    acc = cal.measured.acceptance
+    assert min(acc.at_risk) >= 25 and cal.measured.new_tokens == 300
+    for lo, hi in acc.intervals:
+        assert lo <= 0.6 <= hi
+    assert cal.cost.plain[0] == 0 and len(cal.cost.plain) == 4
+    assert CandidateCalibration.from_dict(cal.to_dict()) == cal
+
+
+def test_prompt_lookup_on_repetitive_text_and_a_draft_model(olmoe):
+    # 2 repetitive prompts x 24 tokens: the lookup must accept some drafts at position 1; the dense-tiny
+    # draft (the byte tokenizer, shared) costs time at every k >= 1
+    target, tok = olmoe
+    prompts = ["abc abc abc abc abc abc abc abc", "the cat. the cat. the cat. the cat."]
+    look = calibrate(target, tok, Candidate("prompt-lookup", n=2), prompts, kmax=2, new_tokens=24, cost_reps=2)
+    assert look.measured.acceptance.accepted[0] > 0
+    draft = calibrate(target, tok, Candidate("draft", draft="synthetic:dense-tiny"), prompts, kmax=2,
+                      new_tokens=12, cost_reps=2)
+    assert draft.measured.acceptance.at_risk[0] > 0 and all(h > 0 for h in draft.cost.plain[1:])
+
+
+def payload(taus):
+    """A predict payload holding only the measured-time version at depth 64 (no calibrated one)."""
+    version = {"n": list(range(1, len(taus) + 1)), "tau": {"auto": taus}, "delta": 0.0}
+    return {"depths": [{"depth": 64, "versions": {"measured-time": version}, "unavailable": {}}]}
+
+
+def calibration(candidate, at_risk, accepted, plain, catch_up):
+    measured = CandidateAcceptance(candidate={}, acceptance=PositionalAcceptance(at_risk, accepted), prompts=1,
+                                   new_tokens=10, max_new_tokens=10)
+    return CandidateCalibration(candidate, measured, DraftCost(plain, catch_up, reps=1, context_tokens=4))
+
+
+def draft_prediction():
+    # alpha = 1/2, 1/4; h(1) = 1/2*1/8 + 1/2*1/4 = 3/16, h(2) = 7/8*1/4 + 1/8*3/8 = 17/64;
+    # tau(1..3) = 1, 5/4, 3/2: V = 1, 23/16, 113/64; E = 1, 3/2, 13/8;
+    # E/V = 1, 24/23, 104/113: k_hat* = 1 at 24/23; n-min 1; p-min = min(7/16, 21/64)/1 = 21/64
+    cal = calibration(Candidate("draft", draft="d.gguf"), (8, 4), (4, 1), (0, 1 / 8, 1 / 4), (0, 1 / 4, 3 / 8))
+    return predict_candidate(payload([1, 1.25, 1.5]), cal)
+
+
+def test_predict_candidate_by_hand():
+    p = draft_prediction()
+    assert p.version == "measured-time" and p.depth == 64  # "calibrated" is absent: the next one is read
+    assert p.h == (0, 3 / 16, 17 / 64) and p.answer.step_times == (1, 23 / 16, 113 / 64)
+    assert p.answer.k_star == 1 and p.answer.speedup == pytest.approx(24 / 23, rel=1e-12)
+    assert p.answer.n_min == 1 and p.answer.p_min == 21 / 64
+    a = F(5, 12)  # the geometric fit: 5 accepted of 12 at risk
+    assert p.answer.geometric == pytest.approx((1, float(1 + a), float(1 + a + a * a)), rel=1e-12)
+    assert p.settings["llama.cpp"]["fragment"] == ("--spec-type draft-simple -md d.gguf --spec-draft-n-max 1 "
+                                                   "--spec-draft-n-min 1 --spec-draft-p-min 0.3282")
+    assert '"num_speculative_tokens": 1' in p.settings["vllm"]["fragment"]
+    assert "--speculative-num-steps 1" in p.settings["sglang"]["fragment"]
+    assert CandidatePrediction.from_dict(p.to_dict()).answer.k_star == 1
+    with pytest.raises(ValueError, match="reach n = 2"):  # kmax = 2 needs tau at n = 3
+        predict_candidate(payload([1, 1.25]), calibration(Candidate("oracle", acceptance=0.5), (8, 4), (4, 1),
+                                                          (0, 0, 0), (0, 0, 0)))
+
+
+def ngram_prediction(candidate):
+    # alpha = 1/2, 1/4, 0, no draft cost; tau = V = 1, 5/4, 3/2, 7/4; E = 1, 3/2, 13/8, 13/8;
+    # E/V = 1, 6/5, 13/12, 13/14: k_hat* = 1 at 6/5, or 2 at 13/12 where k = 1 cannot draft (ngram-simple n=2)
+    cal = calibration(candidate, (8, 4, 1), (4, 1, 0), (0, 0, 0, 0), (0, 0, 0, 0))
+    return predict_candidate(payload([1, 1.25, 1.5, 1.75]), cal)
+
+
+def test_ngram_lines_name_the_rule_measured():
+    simple = ngram_prediction(Candidate("ngram-simple", n=2))
+    assert simple.answer.k_star == 2 and simple.answer.speedup == pytest.approx(13 / 12) and simple.answer.n_min == 2
+    assert simple.settings["llama.cpp"]["fragment"] == ("--spec-type ngram-simple --spec-ngram-simple-size-n 2 "
+                                                        "--spec-ngram-simple-size-m 2 --spec-ngram-simple-min-hits 1")
+    mod = ngram_prediction(Candidate("ngram-mod", n=16, n_min=4))
+    assert mod.answer.k_star == 1 and mod.answer.speedup == pytest.approx(6 / 5)
+    assert mod.settings["llama.cpp"]["fragment"] == ("--spec-type ngram-mod --spec-ngram-mod-n-match 16 "
+                                                     "--spec-ngram-mod-n-max 1 --spec-ngram-mod-n-min 1")
+
+
+def test_answer_names_the_best_or_decode_plainly():
+    best = answer_for([draft_prediction(), ngram_prediction(Candidate("ngram-simple", n=2))])
+    assert best.best == "ngram-simple n=2 min-hits=1" and best.k_star == 2 and best.speedup == pytest.approx(13 / 12)
+    assert best.settings["llama.cpp"]["speculate"] and best.verdict == "speculate"
+    # alpha = 0: E = 1 everywhere; h = plain: V = 1, 3/2, 2: the best drafting is k = 1 at 2/3
+    none = predict_candidate(payload([1, 1.25, 1.5]), calibration(Candidate("draft", draft="d.gguf"), (8, 8), (0, 0),
+                                                                  (0, 1 / 4, 1 / 2), (0, 1 / 2, 1)))
+    plainly = answer_for([none])
+    assert plainly.best is None and plainly.best_drafting == pytest.approx(2 / 3)
+    assert plainly.message == "decode plainly: no candidate pays (the best drafting predicts 0.67x plain decoding)"
+
+
+class Clock:
+    """decode's `time`: a target pass of n tokens advances it by 1 + n/4 s."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def test_check_heldout_on_a_fake_clock(monkeypatch):
+    # oracle a = 1, 13 new tokens per prompt, prefill kept: token 1 comes from the prefill's row; a round at
+    # k commits k + 1 tokens, the first with a pass of k tokens, later ones k + 1, until the budget leaves
+    # one token (a one-token pass). Per prompt: k=0: 12 passes of 1 (12 * 5/4 = 15); k=1: 5/4 + 5 * 3/2 +
+    # 5/4 = 10; k=2: 3/2 + 3 * 7/4 + 5/4 = 8; k=3: 7/4 + 2 + 2 + 5/4 = 7. Two prompts.
+    clock = Clock()
+    monkeypatch.setattr(decode, "time", clock)
+    target = TableLM(48, seed=1)
+    extend = target.extend
+
+    def timed(tokens, outputs=None):
+        clock.now += 1 + tokens.numel() / 4
+        return extend(tokens, outputs)
+
+    monkeypatch.setattr(target, "extend", timed)
+    check = check_heldout(target, None, Candidate("oracle", acceptance=1.0), [[1, 2, 3, 4, 5], [7, 8, 9]], kmax=3,
+                          new_tokens=13, reps=2)
+    assert check.tokens == (26,) * 4 and check.seconds == (30, 20, 16, 14)
+    assert check.throughput == (26 / 30, 26 / 20, 26 / 16, 26 / 14) and check.best_k == 3
+    assert check.speedup[3] == pytest.approx(30 / 14)
+    assert HeldoutCheck.from_dict(check.to_dict()) == check
+
+
+def test_score_by_hand():
+    draft, simple = draft_prediction(), ngram_prediction(Candidate("ngram-simple", n=2))
+    c_draft = HeldoutCheck(draft.candidate, (100,) * 3, (10, 9, 9.5), 2, 1, 50)
+    c_simple = HeldoutCheck(simple.candidate, (100,) * 4, (10, 8, 9, 9.5), 2, 1, 50)
+    got = score_candidates([draft, simple], [c_draft, c_simple])
+    d, s = got.scores
+    # draft: k_hat = 1 = measured best; predicted 24/23 against 10/9: error 216/230 - 1
+    assert (d.k_hat, d.k_best, d.throughput_lost) == (1, 1, 0) and d.speedup_error == pytest.approx(216 / 230 - 1)
+    # ngram-simple: k_hat = 2, best 1: within one, lost 1 - 8/9; predicted 13/12 against 10/9: 117/120 - 1
+    assert s.within_one and s.throughput_lost == pytest.approx(1 / 9) and s.speedup_error == pytest.approx(-0.025)
+    assert got.named == got.measured_best == "ngram-simple n=2 min-hits=1" and got.named_ok
+    # the draft measures 1.25x, the named ngram-simple 10/8.2 = 1.2195x < 0.98 * 1.25: not within 2%
+    worse = HeldoutCheck(draft.candidate, (100,) * 3, (10, 8, 9.5), 2, 1, 50)
+    miss = score_candidates([draft, simple], [worse, HeldoutCheck(simple.candidate, (100,) * 4, (10, 8.2, 9, 9.5),
+                                                                  2, 1, 50)])
+    assert miss.measured_best == "d.gguf" and not miss.named_ok
+    near = score_candidates([draft, simple], [worse, HeldoutCheck(simple.candidate, (100,) * 4, (10, 8.1, 9, 9.5),
+                                                                  2, 1, 50)])
+    assert near.named_ok  # 10/8.1 = 1.2346 >= 1.225
+    assert CandidatesScore.from_dict(got.to_dict()) == got
+    with pytest.raises(ValueError, match="no held-out check"):
+        score_candidates([draft], [c_simple])
