@@ -78,9 +78,11 @@ def test_prompt_lookup_on_repetitive_text_and_a_draft_model(olmoe):
     assert draft.measured.acceptance.at_risk[0] > 0 and all(h > 0 for h in draft.cost.plain[1:])
 
 
-def payload(taus):
-    """A predict payload holding only the measured-time version at depth 64 (no calibrated one)."""
-    version = {"n": list(range(1, len(taus) + 1)), "tau": {"auto": taus}, "delta": 0.0}
+def payload(taus, h=None):
+    """A predict payload holding only the measured-time version at depth 64 (no calibrated one); the
+    engine's overhead h(k) zero unless given."""
+    version = {"n": list(range(1, len(taus) + 1)), "tau": {"auto": taus}, "delta": 0.0,
+               "h": h or [0.0] * len(taus)}
     return {"depths": [{"depth": 64, "versions": {"measured-time": version}, "unavailable": {}}]}
 
 
@@ -132,6 +134,19 @@ def test_ngram_lines_name_the_rule_measured():
     assert mod.answer.k_star == 1 and mod.answer.speedup == pytest.approx(6 / 5)
     assert mod.settings["llama.cpp"]["fragment"] == ("--spec-type ngram-mod --spec-ngram-mod-n-match 16 "
                                                      "--spec-ngram-mod-n-max 1 --spec-ngram-mod-n-min 1")
+
+
+def test_engine_overhead_adds_to_the_draft_cost():
+    # the ngram-mod numbers with the engine's overhead h = 0, 1/4, 1/2, 3/4 from the prediction:
+    # V = 1, 3/2, 2, 5/2; E/V = 1, 1, 13/16, 13/20: nothing beats k = 0 strictly: decode plainly
+    cal = calibration(Candidate("ngram-mod", n=16), (8, 4, 1), (4, 1, 0), (0, 0, 0, 0), (0, 0, 0, 0))
+    p = predict_candidate(payload([1, 1.25, 1.5, 1.75], h=[0, 0.25, 0.5, 0.75]), cal)
+    assert p.h == (0, 0.25, 0.5, 0.75) and p.answer.step_times == (1, 1.5, 2, 2.5) and p.answer.k_star == 0
+    assert p.settings["llama.cpp"]["fragment"] == "--spec-type none"
+    assert predict_candidate(payload([1, 1.25, 1.5, 1.75], h=[0, 0.25, 0.5, 0.75]), cal,
+                             overhead=False).answer.k_star == 1
+    with pytest.raises(ValueError, match="h\\(k\\) stops at k = 2"):
+        predict_candidate(payload([1, 1.25, 1.5, 1.75], h=[0, 0.25, 0.5]), cal)
 
 
 def test_answer_names_the_best_or_decode_plainly():
@@ -201,3 +216,9 @@ def test_score_by_hand():
     assert CandidatesScore.from_dict(got.to_dict()) == got
     with pytest.raises(ValueError, match="no held-out check"):
         score_candidates([draft], [c_simple])
+    # "decode plainly" (alpha = 0) against a check where drafting measures 10/11 = 0.91x at best: plain is the best
+    plainly = predict_candidate(payload([1, 1.25, 1.5]), calibration(Candidate("draft", draft="d.gguf"), (8, 8),
+                                                                     (0, 0), (0, 1 / 4, 1 / 2), (0, 1 / 2, 1)))
+    slow = score_candidates([plainly], [HeldoutCheck(plainly.candidate, (90,) * 3, (10, 11, 12), 1, 1, 90)])
+    assert slow.named is None and slow.measured_best is None and slow.named_ok
+    assert slow.scores[0].k_hat == slow.scores[0].k_best == 0

@@ -34,11 +34,25 @@ NGRAM_SIMPLE_NOTE = ("llama.cpp's ngram-simple rule, the one measured; size-m is
                      "vLLM's and SGLang's n-gram lookups are their own rules, priced at this acceptance")
 
 
+@dataclass(frozen=True)
+class PredictedPasses:
+    """What a candidate's answer reads of the chain's prediction at one depth: tau [kmax + 1] τ̂(k + 1)
+    and overhead [kmax + 1] the engine's own time per round outside the verify pass (the prediction's
+    h(k), measured with the oracle, whose proposing costs next to nothing), seconds; δ of (20)-(21)."""
+
+    tau: list
+    overhead: list
+    version: str
+    depth: int
+    delta: float
+
+
 def prediction_tau(prediction: Any, *, kmax: int, version: str = "calibrated", kernel: str = COST_AUTO,
-                   depth: int | None = None) -> tuple[list[float], str, int, float]:
-    """(τ̂(1..kmax+1) in seconds, the version read, the depth, δ) from a predict artifact (a path, a
-    document or its payload): `version` or the next available (`costmodel.predict.preferred_version`)
-    at `depth` (default: the first). Refused unless the prediction's pass sizes reach kmax + 1."""
+                   depth: int | None = None) -> PredictedPasses:
+    """τ̂(1..kmax+1), the engine's overhead h(0..kmax), the version read, the depth and δ from a predict
+    artifact (a path, a document or its payload): `version` or the next available
+    (`costmodel.predict.preferred_version`) at `depth` (default: the first). Refused unless the
+    prediction's pass sizes reach kmax + 1 and its h reaches kmax."""
     depths = payload_of(prediction, KIND).get("depths") or []
     entries = {int(e["depth"]): e for e in depths}
     entry = depths[0] if depths and depth is None else entries.get(depth)
@@ -54,9 +68,12 @@ def prediction_tau(prediction: Any, *, kmax: int, version: str = "calibrated", k
     if n_max < kmax + 1:
         raise ValueError(f"the prediction's pass sizes reach n = {n_max}, and k = {kmax} drafts need a pass of "
                          f"n = {kmax + 1}; calibrate with kmax <= {n_max - 1} or predict to n >= {kmax + 1}")
-    tau = [float(t) for t in p["tau"][kernel][: kmax + 1]]
+    if len(p["h"]) < kmax + 1:
+        raise ValueError(f"the prediction's h(k) stops at k = {len(p['h']) - 1} < kmax = {kmax}; calibrate with "
+                         f"kmax <= {len(p['h']) - 1} or measure h to k = {kmax}")
     delta = p.get("delta")
-    return tau, chosen, int(entry["depth"]), math.inf if delta is None else float(delta)
+    return PredictedPasses([float(t) for t in p["tau"][kernel][: kmax + 1]], [float(x) for x in p["h"][: kmax + 1]],
+                           chosen, int(entry["depth"]), math.inf if delta is None else float(delta))
 
 
 def restricted(ans: PositionalAnswer, min_k: int) -> PositionalAnswer:
@@ -104,7 +121,8 @@ def candidate_settings(candidate: Candidate, ans: PositionalAnswer) -> dict[str,
 
 @dataclass(frozen=True)
 class CandidatePrediction:
-    """The answer for one candidate: τ̂(k+1) and ĥ(k) ([kmax + 1] seconds), the answer from V̂ = τ̂ + ĥ,
+    """The answer for one candidate: τ̂(k+1) and ĥ(k) ([kmax + 1] seconds; ĥ the draft's own cost and the
+    engine's overhead), the answer from V̂ = τ̂ + ĥ,
     and the engines' settings. Its calibration never read the held-out half."""
 
     candidate: Candidate
@@ -137,23 +155,23 @@ class CandidatePrediction:
 
 
 def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, version: str = "calibrated",
-                      kernel: str = COST_AUTO, depth: int | None = None) -> CandidatePrediction:
+                      kernel: str = COST_AUTO, depth: int | None = None, overhead: bool = True) -> CandidatePrediction:
     """k̂*, the speedup with its band, n-min, p-min and the settings for one calibrated candidate.
 
     V̂(k) = τ̂(k+1) + ĥ(k): τ̂ from the prediction (`prediction_tau`), ĥ(k) the calibration's draft
-    cost weighted by the chance a round at k accepted all (`bench.candidate.expected_draft_cost`).
+    cost weighted by the chance a round at k accepted all (`bench.candidate.expected_draft_cost`),
+    plus, with `overhead`, the engine's own time per round outside the pass (the prediction's h(k)).
     The band uses the prediction's δ (none when δ >= 1: the bounds are vacuous)."""
     kmax = calibration.kmax
-    tau, chosen, at, delta = prediction_tau(prediction, kmax=kmax, version=version, kernel=kernel, depth=depth)
+    got = prediction_tau(prediction, kmax=kmax, version=version, kernel=kernel, depth=depth)
     acceptance = calibration.measured.acceptance
-    h = expected_draft_cost(calibration.cost, acceptance.alpha[:kmax])
-    h = [float(x) for x in h]
-    V = draft_step_times(tau, h)
-    ans = answer(V, acceptance, delta=delta if delta < 1 else 0)
-    if delta >= 1:
+    own = expected_draft_cost(calibration.cost, acceptance.alpha[:kmax])
+    h = [float(x) + (o if overhead else 0.0) for x, o in zip(own, got.overhead)]
+    ans = answer(draft_step_times(got.tau, h), acceptance, delta=got.delta if got.delta < 1 else 0)
+    if got.delta >= 1:
         ans = replace(ans, speedup_low=0.0, speedup_high=math.inf)
     ans = restricted(ans, calibration.candidate.min_k)
-    return CandidatePrediction(calibration.candidate, chosen, kernel, at, tuple(tau), tuple(h), ans,
+    return CandidatePrediction(calibration.candidate, got.version, kernel, got.depth, tuple(got.tau), tuple(h), ans,
                                candidate_settings(calibration.candidate, ans))
 
 
