@@ -3,18 +3,18 @@ real-draft K-sweep (engine paper, Sec. 5-6).
 
 Oracle sweep: `OracleDraft` proposes the target's greedy token, marked wrong with probability 1 - a,
 so acceptance is geometric at rate a and every step verifies the greedy text. Each round commits the
-oracle's verdict (`OracleDraft(honour=True)`): its verify pass is run and timed as any, but a near tie
-that the (k+1)-token pass breaks otherwise than the one-token passes that decoded the text does not
-reject a right draft (docs/methodology.md, "The oracle's verdict"); a cell records how often that
-happened (`overruled`) and whether its realized acceptance lies in its interval (`sweep_cells`). At each draft length k
-= 0..8, acceptance a of the paper's grid and kernel, a run decodes `new_tokens` tokens from a prompt
-at depth d, or, with `steps`, exactly `steps` steps (`oracle_budget`). Every round is a step: the
-prompt's last token is fed by the first round, not the prefill (`generate(prefill_last=False)`), so
-every pass verifies k + 1 tokens. Recorded: the step time V(k) (`step_time`: each run's median step,
-averaged over runs on a log scale), tokens per step against G_a(k) = 1 + a + ... + a^k and the
-throughput T_a(k) = G/V they give (Sec. 1), the realized acceptance (accepted over tested drafts,
-the MLE of a), and h(k), the time per step outside the verify pass, so that V(k) = τ_p(k+1) + h(k)
-(Sec. 3.1).
+oracle's verdict (`OracleDraft(honour=True)`): its verify pass is run and timed as any, but a near
+tie that the (k+1)-token pass breaks otherwise than the one-token passes that decoded the text does
+not reject a right draft (docs/methodology.md, "The oracle's verdict"); a cell records how often
+that happened (`overruled`) and whether its realized acceptance lies in its interval
+(`sweep_cells`). At each draft length k = 0..8, acceptance a of the paper's grid and kernel, a run
+decodes `new_tokens` tokens from a prompt at depth d, or, with `steps`, exactly `steps` steps
+(`oracle_budget`). Every round is a step: the prompt's last token is fed by the first round, not the
+prefill (`generate(prefill_last=False)`), so every pass verifies k + 1 tokens. Recorded: the step
+time V(k) (`step_time`: each run's median step, averaged over runs on a log scale), tokens per step
+against G_a(k) = 1 + a + ... + a^k and the throughput T_a(k) = G/V they give (Sec. 1), the realized
+acceptance (accepted over tested drafts, the MLE of a), and h(k), the time per step outside the
+verify pass, so that V(k) = τ_p(k+1) + h(k) (Sec. 3.1).
 
 Real-draft sweep: with a `DraftModel` or `PromptLookup`, the K-sweep of throughput, pooled
 acceptance and acceptance by position, TTFT, the draft / verify / sampling / other split, peak
