@@ -62,21 +62,30 @@ def layer_tensors(l: int) -> dict[str, tuple[int, ...]]:
 
 def make_checkpoint(folder: Path, seed: int = 0) -> None:
     """The random-initialized checkpoint (module docstring), shard by shard."""
-    import torch
     import transformers
-    from safetensors.torch import save_file
 
     from moespec.models import gguf
 
-    folder.mkdir(parents=True, exist_ok=True)
     tok = gguf.tokenizer(gguf.SMOLLM2)
     config = transformers.OlmoeConfig(**SHAPE, initializer_range=STD, tie_word_embeddings=False,
                                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     config.architectures = ["OlmoeForCausalLM"]
+    layers = [layer_tensors(l) for l in range(SHAPE["num_hidden_layers"])]
+    write_checkpoint(folder, config, tok, layers, seed=seed)
+
+
+def write_checkpoint(folder: Path, config, tok, layers: list[dict[str, tuple[int, ...]]], seed: int = 0) -> None:
+    """A transformers checkpoint in f16, one safetensors shard per decoder layer (`layers`: name ->
+    shape) and one for the embeddings, norm and head, drawn tensor by tensor: norms 1, token
+    embeddings N(0, EMBEDDING_STD), every other matrix N(0, STD)."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
     config.dtype = "float16"
-    V, H = SHAPE["vocab_size"], SHAPE["hidden_size"]
+    V, H = config.vocab_size, config.hidden_size
     shards = {"outer": {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,), "lm_head.weight": (V, H)}}
-    shards.update({f"layer{l:02d}": layer_tensors(l) for l in range(SHAPE["num_hidden_layers"])})
+    shards.update({f"layer{l:02d}": tensors for l, tensors in enumerate(layers)})
     index = {"metadata": {}, "weight_map": {}}
     g = torch.Generator().manual_seed(seed)
     for i, (shard, tensors) in enumerate(shards.items()):
@@ -94,6 +103,31 @@ def make_checkpoint(folder: Path, seed: int = 0) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     config.save_pretrained(folder)
     tok.save_pretrained(folder)
+
+
+def prepare(folder: Path, f16: Path, out: Path, make, kind: str, threads: int, keep: bool) -> dict[str, float]:
+    """`out`: the checkpoint `make(folder)` writes, converted by llama.cpp's converter to f16, quantized
+    to `kind`; each step skipped when its output exists (a run resumes), the checkpoint and the f16
+    file removed at the end unless `keep`. Returns the seconds of the steps run."""
+    from moespec.backends.llama_lib import quantize
+    from moespec.models.llama_convert import convert
+
+    seconds: dict[str, float] = {}
+    if out.exists():
+        return seconds
+    partial = out.with_name(out.name + ".partial")  # renamed when whole: an interrupted quantizer is run again
+    for name, path, step in (("checkpoint", folder / "config.json", lambda: make(folder)),
+                             ("convert", f16, lambda: convert(folder, f16, "f16")),
+                             ("quantize", out, lambda: quantize(f16, partial, kind, threads=threads).replace(out))):
+        if not path.exists():
+            print(f"[{name}]", flush=True)
+            t0 = time.perf_counter()
+            step()
+            seconds[name] = time.perf_counter() - t0
+    if not keep:
+        shutil.rmtree(folder, ignore_errors=True)
+        f16.unlink(missing_ok=True)
+    return seconds
 
 
 def run_chain(gguf_path: Path, out_dir: Path, threads: int) -> dict:
@@ -163,27 +197,13 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="which parts to run; the others are kept from an earlier --out")
     args = parser.parse_args()
-    from moespec.backends.llama_lib import quantize
-    from moespec.models.llama_convert import convert
-
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
     folder, f16, q4 = work / "checkpoint", work / "olmoe-1b-7b-shaped-f16.gguf", work / "olmoe-1b-7b-shaped-q4_k.gguf"
     result: dict = json.loads(args.out.read_text()) if args.out.exists() else {}
     result.update(shape=SHAPE, threads=args.threads)
     if not q4.exists():
-        result["seconds"] = {}
-        for name, path, make in (("checkpoint", folder / "config.json", lambda: make_checkpoint(folder)),
-                                 ("convert", f16, lambda: convert(folder, f16, "f16")),
-                                 ("quantize", q4, lambda: quantize(f16, q4, "q4_k", threads=args.threads))):
-            if not path.exists():
-                print(f"[{name}]", flush=True)
-                t0 = time.perf_counter()
-                make()
-                result["seconds"][name] = time.perf_counter() - t0
-        if not args.keep:
-            shutil.rmtree(folder, ignore_errors=True)
-            f16.unlink(missing_ok=True)
+        result["seconds"] = prepare(folder, f16, q4, make_checkpoint, "q4_k", args.threads, args.keep)
     result["file"] = {"name": q4.name, "bytes": q4.stat().st_size}
     if args.prepare_only:
         print(f"wrote {q4} ({q4.stat().st_size / 1e9:.2f} GB)")

@@ -2,15 +2,19 @@
 real-draft K-sweep (engine paper, Sec. 5-6).
 
 Oracle sweep: `OracleDraft` proposes the target's greedy token, marked wrong with probability 1 - a,
-so acceptance is geometric at rate a and every step verifies the greedy text. At each draft length k
-= 0..8, acceptance a of the paper's grid and kernel, a run decodes `new_tokens` tokens from a prompt
-at depth d, or, with `steps`, exactly `steps` steps (`oracle_budget`). Every round is a step: the
-prompt's last token is fed by the first round, not the prefill (`generate(prefill_last=False)`), so
-every pass verifies k + 1 tokens. Recorded: the step time V(k) (`step_time`: each run's median step,
-averaged over runs on a log scale), tokens per step against G_a(k) = 1 + a + ... + a^k and the
-throughput T_a(k) = G/V they give (Sec. 1), the realized acceptance (accepted over tested drafts,
-the MLE of a), and h(k), the time per step outside the verify pass, so that V(k) = τ_p(k+1) + h(k)
-(Sec. 3.1).
+so acceptance is geometric at rate a and every step verifies the greedy text. Each round commits the
+oracle's verdict (`OracleDraft(honour=True)`): its verify pass is run and timed as any, but a near
+tie that the (k+1)-token pass breaks otherwise than the one-token passes that decoded the text does
+not reject a right draft (docs/methodology.md, "The oracle's verdict"); a cell records how often
+that happened (`overruled`) and whether its realized acceptance lies in its interval
+(`sweep_cells`). At each draft length k = 0..8, acceptance a of the paper's grid and kernel, a run
+decodes `new_tokens` tokens from a prompt at depth d, or, with `steps`, exactly `steps` steps
+(`oracle_budget`). Every round is a step: the prompt's last token is fed by the first round, not the
+prefill (`generate(prefill_last=False)`), so every pass verifies k + 1 tokens. Recorded: the step
+time V(k) (`step_time`: each run's median step, averaged over runs on a log scale), tokens per step
+against G_a(k) = 1 + a + ... + a^k and the throughput T_a(k) = G/V they give (Sec. 1), the realized
+acceptance (accepted over tested drafts, the MLE of a), and h(k), the time per step outside the
+verify pass, so that V(k) = τ_p(k+1) + h(k) (Sec. 3.1).
 
 Real-draft sweep: with a `DraftModel` or `PromptLookup`, the K-sweep of throughput, pooled
 acceptance and acceptance by position, TTFT, the draft / verify / sampling / other split, peak
@@ -122,6 +126,7 @@ def run_oracle(
             key = {"part": "oracle", "kernel": kernel, "depth": depth, "prompt": i, "k": k,
                    "a": a, "rep": rep, "new_tokens": tokens, "seed": seed, "prefill_last": False,
                    "oracle_draws": f"one per step, blocks of {block}", "wrong_drafts": "marked",
+                   "verdict": "the oracle's",
                    **({"steps": rounds} if rounds else {}),
                    **({"start": start_stride * rep} if start_stride else {})}
             cell = runs.setdefault((kernel, depth, k, a), [])
@@ -161,11 +166,12 @@ def _oracle_run(model, tokenizer, cache: PrefilledPrompts, greedy: _GreedyText, 
         text = ref[: len(text) + start].tolist()
     target = cache.target(i, text)
     switch_kernel(model, kernel)
-    oracle = OracleDraft(a, seed=seed, reference=ref, offset=offset, block=block) if k else None
+    oracle = OracleDraft(a, seed=seed, reference=ref, offset=offset, block=block, honour=True) if k else None
     result = generate(target, text, draft=oracle, k=k, temperature=0.0, max_new_tokens=tokens, max_steps=rounds,
                       seed=seed + i, vocab_limit=vocab_limit(tokenizer), prefill_last=False)
     return _record(result, target.prefill_s, {"reanchors": oracle.reanchors if oracle else 0,
-                                              "draws": oracle.draws if oracle else 0, "prefill_last": False})
+                                              "draws": oracle.draws if oracle else 0,
+                                              "overruled": oracle.overruled if oracle else 0, "prefill_last": False})
 
 
 def _oracle_entry(runs: dict[tuple, list[dict]], kernel: str, depth: int, ks: Sequence[int],

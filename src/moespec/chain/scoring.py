@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from moespec.costmodel.sweep_cells import cell_throughput, resample_throughput
+from moespec.costmodel.sweep_cells import acceptance_rows, cell_throughput, resample_throughput
 from moespec.chain import prediction as _prediction
 from moespec.chain.prediction import KIND, json_get, payload_of, verify_times_at
+from moespec.chain.sweep_acceptance import refusal_message, restricted
 from moespec.chain.versions import Unavailable, VersionUnavailable
 from moespec.costmodel.predict import Prediction
 from moespec.costmodel.score import Score, score
@@ -36,7 +37,8 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
     which the prediction did not read; the in-sample errors from the fit half, which it did.
     kernel: the scored kernel ("dedup" or "slot"); its sweep gives the throughput T(k, a) on the
     prediction's acceptance grid, at k = 0 plain decoding's pooled over every acceptance
-    (the entry's "plain" cell), and the measured step times V(k).
+    (the entry's "plain" cell), and the measured step times V(k). An acceptance at which the sweep did
+    not run at its set value is left out (`chain.sweep_acceptance`); none left: VersionUnavailable.
     resamples: bootstrap resamples of the sweep's runs for the intervals of the scored figures
     (`costmodel.score.sweep_intervals`); 0, or a sweep that keeps no per-run steps, scores without.
     """
@@ -59,6 +61,11 @@ def score_from_artifacts(prediction: Prediction | Mapping[str, Any], measurement
                     f"the oracle sweep lacks k={k}, a={a}; sweep k = 0..{ks[-1]} at every a of the grid"))
             row.append(c)
         grid.append(row)
+    ran = acceptance_rows(entry["cells"], prediction.acceptance)  # refused: not run at a (`chain.sweep_acceptance`)
+    keep = [i for i, r in enumerate(ran) if not r["refused"]]
+    if not keep:
+        raise VersionUnavailable(Unavailable.NO_SWEEP, refusal_message(ran))
+    prediction, grid = restricted(prediction, keep), [grid[i] for i in keep]
     T = [[cell_throughput(c) for c in row] for row in grid]
     flat = [c for row in grid for c in row]
     T_b = None
@@ -89,6 +96,12 @@ def score_all(prediction_payload: Mapping[str, Any], measurement, *, kernel: str
     out = []
     for entry in pred["depths"]:
         scored: dict[str, Any] = {"depth": entry["depth"], "versions": {}, "unavailable": dict(entry["unavailable"])}
+        grid = next(iter(entry["versions"].values()), {}).get("acceptance", [])
+        try:  # per acceptance: set and realized, refused or not (`acceptance_rows`)
+            oracle = _oracle_entry(meas, TO_ENGINE[kernel], int(entry["depth"]))
+            scored["oracle_acceptance"] = acceptance_rows(oracle["cells"], grid)
+        except VersionUnavailable:
+            pass
         for version, p in entry["versions"].items():
             try:
                 scored["versions"][version] = score_from_artifacts(p, meas, depth=entry["depth"],

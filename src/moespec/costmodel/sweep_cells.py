@@ -1,15 +1,75 @@
 """Statistics of recorded sweep runs: the step time V(k), the pooled figures of a sweep cell, the
-plain-decoding baseline and the bootstrap of throughput over passes. Numbers in, numbers out: no torch.
+plain-decoding baseline, the bootstrap of throughput over passes and the check that an oracle cell
+realized the acceptance it is set to. Numbers in, numbers out: no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import MISSING, dataclass
+from statistics import NormalDist
 from typing import Any, Sequence
 
 import numpy as np
 
 from moespec.costmodel.theory import expected_tokens
+
+ACCEPTANCE_LEVEL = 0.99  # two-sided level of an oracle cell's sampling interval (`acceptance_interval`)
+
+
+def acceptance_interval(a: float, tested: int, level: float = ACCEPTANCE_LEVEL) -> tuple[float, float] | None:
+    """The sampling interval of the realized acceptance of `tested` drafts at set acceptance a:
+    a ± z·sqrt(a(1 − a)/tested), z the normal quantile of `level` (2.58 at 99%), within [0, 1].
+
+    Under the oracle's geometric law every tested draft is right with probability a, independently
+    of the others, so accepted/tested has mean a and that variance (binomial); a realized
+    acceptance inside it is the score test not rejecting a, i.e. a inside the Wilson interval of
+    accepted/tested. The oracle's stratified draws (`STEP_BLOCK`) vary far less: the interval is
+    conservative for them. None when no draft was tested (k = 0).
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if tested <= 0:
+        return None
+    half = NormalDist().inv_cdf(0.5 + level / 2) * math.sqrt(a * (1 - a) / tested)
+    return max(0.0, a - half), min(1.0, a + half)
+
+
+def acceptance_check(cell: dict[str, Any], level: float = ACCEPTANCE_LEVEL) -> dict[str, Any] | None:
+    """{"k", "a", "realized", "tested", "interval", "within"} of an oracle cell (a `SweepCell` dict);
+    None for a cell that tested no draft or records no tested count (artifacts written before it was
+    recorded), or has no set acceptance (a real draft, the pooled baseline)."""
+    tested, a = int(cell.get("tested") or 0), cell.get("a")
+    interval = None if a is None else acceptance_interval(float(a), tested, level)
+    if interval is None:
+        return None
+    realized = float(cell["realized_acceptance"])
+    return {"k": int(cell["k"]), "a": float(a), "realized": realized, "tested": tested, "interval": list(interval),
+            "within": interval[0] <= realized <= interval[1]}
+
+
+def acceptance_rows(cells: Sequence[dict[str, Any]], acceptances: Sequence[float],
+                    level: float = ACCEPTANCE_LEVEL) -> list[dict[str, Any]]:
+    """Per set acceptance a: did the oracle sweep's cells at a (k >= 1) run at a?
+
+    "realized": accepted over tested drafts pooled over those cells, "tested", "interval" (its
+    `acceptance_interval`), "cells_outside": the k of each cell outside its own interval,
+    "refused": a cell or the pooled figure outside (the score leaves a out), "checked": False
+    where the cells record no tested count (then nothing is refused).
+    """
+    out = []
+    for a in acceptances:
+        at = [c for c in cells if c["k"] and c.get("a") is not None and round(float(c["a"]), 6) == round(float(a), 6)]
+        checks = [x for x in (acceptance_check(c, level) for c in at) if x is not None]
+        tested = sum(x["tested"] for x in checks)
+        realized = sum(x["realized"] * x["tested"] for x in checks) / tested if tested else None
+        interval = acceptance_interval(float(a), tested, level)
+        outside = [x["k"] for x in checks if not x["within"]]
+        pooled_out = interval is not None and not interval[0] <= realized <= interval[1]
+        out.append({"a": float(a), "realized": realized, "tested": tested,
+                    "interval": None if interval is None else list(interval), "cells": len(at),
+                    "cells_outside": outside, "checked": bool(checks), "refused": bool(outside) or pooled_out})
+    return out
 
 
 def _sum(runs: Sequence[dict], name: str) -> float:
@@ -76,6 +136,8 @@ class SweepCell:
     peak_rss_bytes: int
     reanchors: int
     run_steps: tuple[tuple[float, ...], ...]  # each run's step times, seconds (`resample_throughput`)
+    tested: int = 0  # drafts tested, the denominator of realized_acceptance
+    overruled: int = 0  # oracle rounds whose verify pass disagreed with the oracle's verdict (`OracleDraft`)
 
     @property
     def throughput(self) -> float:
@@ -145,6 +207,8 @@ class SweepCell:
             peak_rss_bytes=int(max(r["stats"]["peak_rss_bytes"] for r in runs)),
             reanchors=int(sum(r.get("reanchors", 0) for r in runs)),
             run_steps=run_steps,
+            tested=int(reached.sum()),
+            overruled=int(sum(r.get("overruled", 0) for r in runs)),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,13 +239,24 @@ class SweepCell:
             "draft_s": self.draft_s,
             "sampling_s": self.sampling_s,
             "run_steps": [list(x) for x in self.run_steps],
+            "tested": self.tested,
+            "overruled": self.overruled,
+            **self._interval_fields(),
         }
+
+    def _interval_fields(self) -> dict[str, Any]:
+        """"acceptance_interval" ([lo, hi], `acceptance_interval`) and "acceptance_within" (the realized
+        acceptance inside it) of an oracle cell; None for both where no draft was tested."""
+        interval = None if self.a is None else acceptance_interval(self.a, self.tested)
+        within = None if interval is None else bool(interval[0] <= self.realized_acceptance <= interval[1])
+        return {"acceptance_interval": None if interval is None else list(interval), "acceptance_within": within}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SweepCell":
         def frozen(x):
             return tuple(frozen(y) for y in x) if isinstance(x, list) else x
-        return cls(**{n: frozen(d[n]) for n in cls.__dataclass_fields__})
+        fields = cls.__dataclass_fields__.items()  # fields added later (tested, overruled) take their default
+        return cls(**{n: frozen(d[n]) for n, f in fields if n in d or f.default is MISSING})
 
 
 def cell_throughput(cell: dict[str, Any]) -> float:

@@ -256,9 +256,7 @@ def _batch_round(model: BatchModel, proposer: BatchProposer | None, live: list[_
             accepted, token = greedy_walk(row, p.tokens.tolist())
         else:
             accepted, token = s.sampler.verify(s.sampler.prepare(row, position=s.length), p.tokens, p.q)
-        if p.marked_from is not None and p.marked_from < accepted:  # the oracle's drafts from the mark on
-            accepted, token = p.marked_from, int(p.tokens[p.marked_from])
-        walks.append((accepted, token))
+        walks.append(p.settle(accepted, token))  # the oracle's mark or verdict (`Proposal.settle`)
     t3 = clock()
     return [_commit(model, proposer, s, proposals[s.i], accepted, token, chosen, eos, (t1 - t0, t2 - t1, t3 - t2, t0),
                     clock) for s, (accepted, token) in zip(live, walks)]

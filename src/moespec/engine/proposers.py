@@ -8,8 +8,8 @@ context, `OracleDraft` is the cost-model paper's oracle (Sec. 4, App. D.2).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
@@ -27,11 +27,16 @@ class Proposal:
     marked_from: the index in [0, k') of the first draft marked wrong (`OracleDraft`; None for real
         proposers): the loop treats drafts from there on as rejected, and commits that draft where
         the target matched it.
+    verdict: (drafts accepted, next token) that the round commits whatever its verify pass computes
+        (`OracleDraft(honour=True)`, a measurement run), else None; `on_overrule` is called when the
+        pass disagreed with it.
     """
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
     marked_from: int | None = None
+    verdict: tuple[int, int] | None = None
+    on_overrule: Callable[[], None] | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.tokens.dim() != 1 or self.tokens.dtype != torch.long:
@@ -41,6 +46,21 @@ class Proposal:
             raise ValueError(f"Proposal q must be [{n}, W] for {n} drafts (or None), got {tuple(self.q.shape)}")
         if self.marked_from is not None and not 0 <= self.marked_from < n:
             raise ValueError(f"Proposal marked_from must be in [0, {n}) or None, got {self.marked_from}")
+        if self.verdict is not None and not 0 <= self.verdict[0] <= n:
+            raise ValueError(f"Proposal verdict must accept 0..{n} drafts (or be None), got {self.verdict}")
+
+    def settle(self, accepted: int, token: int) -> tuple[int, int]:
+        """The round's (drafts accepted, next token), from the accept walk's: the verdict where one is
+        given; else the walk's, cut at the mark (drafts from `marked_from` on are rejected, and the
+        draft there, the target's token, committed where the target matched it)."""
+        if self.verdict is not None:
+            j, next_token = self.verdict
+            if self.on_overrule is not None and (accepted < j or (accepted == j and int(token) != next_token)):
+                self.on_overrule()  # the pass rejected a right draft, or its next token differs
+            return self.verdict
+        if self.marked_from is not None and self.marked_from < accepted:
+            return self.marked_from, int(self.tokens[self.marked_from])
+        return accepted, token
 
 
 @runtime_checkable
@@ -193,11 +213,17 @@ class OracleDraft:
     acceptance: a in [0, 1]. seed: seeds the draws. offset: draws to skip, to continue one sequence
     over several runs. block: steps per stratified block (`stratified_uniforms`). reference:
     [>= P + max_new_tokens] int64, the prompt then the target's greedy tokens, reused instead of
-    decoding them in `begin`. After a run: `reference` (the one used), `draws`, `reanchors`.
+    decoding them in `begin`. honour: each round commits the oracle's verdict, the drafts before
+    the mark and the reference's token after them, whatever the verify pass computes
+    (`Proposal.verdict`): the pass and its cost are the same, and the acceptance is a even where the
+    (k+1)-token pass and the one-token passes that decoded the reference break a near tie apart
+    (docs/methodology.md, "The oracle's verdict"); the output is then the reference. After a run:
+    `reference` (the one used), `draws`, `reanchors`, `overruled` (rounds whose pass disagreed with
+    the verdict).
     """
 
     def __init__(self, acceptance: float, seed: int = 0, reference: torch.Tensor | None = None, offset: int = 0,
-                 block: int = STEP_BLOCK):
+                 block: int = STEP_BLOCK, honour: bool = False):
         if not 0.0 <= acceptance <= 1.0:
             raise ValueError(f"OracleDraft acceptance must be in [0, 1], got {acceptance}")
         if offset < 0:
@@ -209,8 +235,10 @@ class OracleDraft:
         self.offset = int(offset)
         self.block = int(block)
         self._given = reference
+        self.honour = bool(honour)
         self.reanchors = 0
         self.draws = 0
+        self.overruled = 0
         self._target: SpecModel | None = None
         self._ref: torch.Tensor = torch.zeros(0, dtype=torch.long)  # [P + max_new_tokens] prompt + greedy tokens
         self._end = 0
@@ -232,8 +260,7 @@ class OracleDraft:
         need = self.offset + max_new_tokens + 1
         gen = torch.Generator(device="cpu").manual_seed(self.seed)
         self._u = stratified_uniforms(need, gen, block=self.block)[self.offset:].tolist()
-        self.reanchors = 0
-        self.draws = 0
+        self.reanchors = self.draws = self.overruled = 0
         ref, P = self._given, prompt.shape[0]
         if ref is not None and ref.shape[0] >= self._end and torch.equal(ref[:P], prompt):
             self._ref = ref[: self._end]
@@ -269,8 +296,16 @@ class OracleDraft:
         g = self._ref[L: L + k].clone()  # [k'] the target's greedy tokens
         j = geometric_run(self._u[self.draws], self.a)  # right drafts before the first wrong one
         self.draws += 1
+        n = g.shape[0]
         # draft j + 1 is marked; verification stops there, so later ones need no mark
-        return Proposal(g, marked_from=int(j) if j < g.shape[0] else None)
+        mark = int(j) if j < n else None
+        right = n if mark is None else mark
+        if not self.honour or L + right >= self._ref.shape[0]:
+            return Proposal(g, marked_from=mark)
+        return Proposal(g, marked_from=mark, verdict=(right, int(self._ref[L + right])), on_overrule=self._overrule)
+
+    def _overrule(self) -> None:
+        self.overruled += 1
 
     def commit(self, keep: int) -> None:
         pass

@@ -137,8 +137,7 @@ def run_round(*, target: SpecModel, proposer: Proposer | None, sampler: Sampler,
         logits = verify(target, seq, length, drafts, pending)  # [n + 1, W]
         t2 = clock()
         accepted, token = sampler.verify(sampler.prepare(logits, position=length), drafts, proposal.q)
-    if proposal.marked_from is not None and proposal.marked_from < accepted:  # drafts from the mark on are rejected
-        accepted, token = proposal.marked_from, drafts[proposal.marked_from]  # the target's token there
+    accepted, token = proposal.settle(accepted, token)  # the oracle's mark or verdict (`Proposal.settle`)
     t3 = clock()
     seq[length: length + accepted] = drafts[:accepted]
     seq[length + accepted] = token

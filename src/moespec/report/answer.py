@@ -18,7 +18,7 @@ from moespec.costmodel.predict import preferred_version
 from moespec.costmodel.settings import DRAFT_PLACEHOLDER, recommend
 from moespec.costmodel.theory import summarize
 from moespec.report.html import Table
-from moespec.report.summary import LOSS_GOAL, TAU_GOAL, goals
+from moespec.report.summary import LOSS_GOAL, TAU_GOAL, goals, sweep_acceptance_line
 
 
 def _engine(run: dict[str, Any]) -> tuple[str, str, Any]:
@@ -78,9 +78,12 @@ def answer_blocks(run: dict[str, Any]) -> list:
 def _trust(run: dict[str, Any], depth: int, version: str) -> str:
     """How far to trust the answer: the version's score out of sample, and the machine's steadiness."""
     score = run.get("score", {})
-    scored = next((e["versions"].get(version) for e in score.get("depths", []) if e["depth"] == depth), None)
+    at = next((e for e in score.get("depths", []) if e["depth"] == depth), {})
+    scored, ran = at.get("versions", {}).get(version), sweep_acceptance_line(at.get("oracle_acceptance"))
     steadiness = score.get("steadiness")
-    if scored is None:
+    if scored is None and version in at.get("unavailable", {}):
+        said = f"it could not be scored against this machine's sweep: {at['unavailable'][version]['message']}."
+    elif scored is None:
         said = "it has not been scored against this machine's sweep yet (run the chain to its score step)."
     else:
         g = goals(scored)
@@ -91,6 +94,8 @@ def _trust(run: dict[str, Any], depth: int, version: str) -> str:
                 f"{100 * loss[0]:.1f}% of the best throughput (goal {100 * LOSS_GOAL:.0f}%), and its verify times were "
                 f"off by {100 * tau[0]:.1f}% (goal {100 * TAU_GOAL:.0f}%): "
                 + ("trust it as measured." if trusted else "trust its broad shape more than its exact values."))
+    if ran is not None and scored is not None:  # unscored, its reason says why
+        said += " " + ran[0].upper() + ran[1:] + "."
     if steadiness is not None:
         said += " " + steadiness["message"][0].upper() + steadiness["message"][1:] + "."
     return "How far to trust it: " + said

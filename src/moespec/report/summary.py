@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from moespec.costmodel.sweep_cells import cell_throughput
+from moespec.costmodel.sweep_cells import ACCEPTANCE_LEVEL, cell_throughput
 from moespec.report.html import Table, Verdict
 
 LOSS_GOAL, TAU_GOAL, GAP_GOAL = 0.05, 0.10, 0.05  # the project's goals; k̂* within one at >= A − 1 of A
@@ -164,6 +164,40 @@ def _steadiness(run: dict) -> list:
     return [table] if found["steady"] else [f"WARNING: {found['message']}", table]
 
 
+def sweep_acceptance_line(rows: list[dict] | None) -> str | None:
+    """One sentence: did the oracle sweep run at the acceptances it is labeled with, and which did the
+    score refuse (`costmodel.sweep_cells.acceptance_rows`); None without rows."""
+    if not rows:
+        return None
+    if not all(r["checked"] for r in rows):
+        return "the oracle sweep's realized acceptance was not checked (its measurement records no tested drafts)"
+    refused = [r for r in rows if r["refused"]]
+    level = f"{100 * ACCEPTANCE_LEVEL:.0f}% sampling interval"
+    if not refused:
+        return f"the oracle sweep ran at its set acceptance: every cell realized it within its {level}"
+    said = ", ".join(f"a = {r['a']:.2f} (realized {r['realized']:.2f})" for r in refused)
+    kept = len(rows) - len(refused)
+    return (f"the oracle sweep missed its set acceptance, outside the {level}, at {said}: the score refuses "
+            + (f"those and covers the other {kept} of {len(rows)}" if kept else "every acceptance and scores nothing"))
+
+
+def _acceptance(depths: list[dict]) -> list:
+    """The oracle sweep's set and realized acceptance per a of the grid, and the score's use of each."""
+    rows = [[e["depth"], f"{r['a']:.2f}", "—" if r["realized"] is None else f"{r['realized']:.3f}", r["tested"],
+             "—" if r["interval"] is None else "{:.3f} to {:.3f}".format(*r["interval"]),
+             ", ".join(map(str, r["cells_outside"])) or "none",
+             Verdict("refused" if r["refused"] else "scored", not r["refused"])]
+            for e in depths for r in e.get("oracle_acceptance") or []]
+    if not rows:
+        return []
+    lines = [line for e in depths if (line := sweep_acceptance_line(e.get("oracle_acceptance")))]
+    return [Table(f"Oracle sweep: set and realized acceptance (accepted over tested drafts, k >= 1 pooled), its "
+                  f"{100 * ACCEPTANCE_LEVEL:.0f}% sampling interval a ± z·sqrt(a(1−a)/tested), the k of cells "
+                  "outside their own interval; a refused acceptance is left out of the score",
+                  ["d", "a set", "a realized", "tested drafts", "interval", "cells outside", "score"], rows),
+            *[line[0].upper() + line[1:] + "." for line in lines]]
+
+
 def _unavailable(run: dict) -> Table | None:
     missing: dict[tuple[int, str], Any] = {}
     for source in ("prediction", "score"):
@@ -181,7 +215,8 @@ def summary_blocks(run: dict[str, Any]) -> list:
     if pred.get("bounds_vacuous"):
         blocks.append(f"characterized ε = {pred['eps_characterized']:.3f} >= 1/2: the bounds (20)-(21) say nothing "
                       "here (δ >= 1), nor, at ε >= 1, the band (18); τ̂, Ŝ, the crossover and k̂* still stand")
-    depths = [e for e in run.get("score", {}).get("depths", []) if e["versions"]]
+    every = run.get("score", {}).get("depths", [])
+    depths = [e for e in every if e["versions"]]
     scored = [(e["depth"], version, s) for e in depths for version, s in e["versions"].items()]
     measured = {e["depth"]: next(iter(e["versions"].values())) for e in depths}
     steadiness = _steadiness(run)
@@ -189,6 +224,7 @@ def summary_blocks(run: dict[str, Any]) -> list:
         blocks += steadiness
     if scored:
         blocks += [*_goals(scored), _rules(scored)]
+    blocks += _acceptance(every)
     if pred.get("depths"):
         blocks.append(_crossover(run, measured))
     blocks += [_staircase(e["depth"], e["versions"]) for e in depths]
