@@ -121,8 +121,8 @@ def test_full_is_the_papers_protocol():
     from moespec.bench.measure import MeasureConfig
     from moespec.kernel_names import ENGINE_KERNELS as KERNELS
     from moespec.bench.measure_base import H_PROBE_ACCEPTANCE
-    from moespec.chain.demo import _phase_knobs
-    from moespec.chain.demo_work import _measure_config
+    from moespec.chain.demo_config import measure_config as _measure_config
+    from moespec.chain.demo_config import phase_knobs as _phase_knobs
 
     cfg = DemoConfig.full_protocol()
     m = _measure_config(cfg)
