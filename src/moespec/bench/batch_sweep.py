@@ -1,8 +1,8 @@
 """The oracle sweep at batch size B on llama.cpp: measured total throughput at every (k, a, B), what
 `costmodel.batch.score_schedule` scores a schedule k̂*(a, B) against.
 
-For each B, the first B prompts decode as one batch (`engine.batch.generate_batch`), each sequence
-drafted by its own oracle (`OracleDraft`: the target's greedy continuation, computed once per prompt
+At one batch size B (the caller loops over B), the first B prompts decode as one batch
+(`engine.batch.generate_batch`), each sequence drafted by its own oracle (`OracleDraft`: the target's greedy continuation, computed once per prompt
 by plain batched decoding and handed over as its reference, each draft marked wrong with probability
 1 − a by seeded draws, so acceptance is geometric at rate a), at every k of 0..max_k (k = 0: plain
 batched decoding, once for every a) and every a; `reps` repetitions in a rotating order, the median

@@ -15,6 +15,7 @@ from moespec.cli.checks import MAX_DRAFT, ROUTING_HELP, interval, model_spec, ou
 from moespec.cli.characterize import parse_layers
 from moespec.cli.loading import BACKEND_HELP
 from moespec.kernel_names import ENGINE_KERNELS
+from moespec.run_files import MEASUREMENT
 
 
 def _op_layers(text: str) -> str:
@@ -79,7 +80,7 @@ def measure_command(
     scaling_n_max: Optional[int] = typer.Option(None, "--scaling-n-max", callback=interval(0), help=HELP["scaling"]),
     layers: Optional[int] = typer.Option(None, "--layers", callback=interval(1), help="layers of a synthetic preset"),
     flush: bool = typer.Option(True, "--flush/--no-flush", help="flush the cache before each timed pass (App. D)"),
-    out: Path = typer.Option(Path("measurement.json"), "--out", callback=output_file, help=HELP["out"]),
+    out: Path = typer.Option(Path(MEASUREMENT), "--out", callback=output_file, help=HELP["out"]),
     verified: Optional[Path] = typer.Option(None, "--verified", exists=True, dir_okay=False, help=HELP["verified"]),
     op_layers: str = typer.Option("0,mid", "--op-layers", callback=_op_layers, help=HELP["op_layers"]),
     base: bool = typer.Option(False, "--base", help=HELP["base"]),
