@@ -16,6 +16,19 @@ from tests.conftest import require_llama
 
 BATCH_STEPS = ("batch-trace", "batch-characterize", "batch-measure", "batch-predict", "batch-score")
 LLAMA_STEPS = ("export", "trace", "characterize", "measure-base", "predict", "measure-sweep", "score", *BATCH_STEPS)
+OPENED: dict = {}  # the most llama.cpp instances of one file open at once during the llama.cpp chain, and after it
+
+
+def _counting(init):
+    def counted(self, *args, **kwargs):
+        from moespec.backends.llama_model import open_models
+
+        init(self, *args, **kwargs)
+        most = OPENED.setdefault("most", {})
+        for path, n in open_models().items():
+            most[path] = max(most.get(path, 0), n)
+
+    return counted
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +37,14 @@ def chains(tmp_path_factory):
     require_llama()
     out = tmp_path_factory.mktemp("demo")
     smoke = DemoConfig.smoke(model="trained:olmoe")
+    from moespec.backends.llama_model import LlamaModel, open_models
+
     torch_run = run_demo(out, config=smoke, progress=False, echo=lambda _: None)
-    llama_run = run_demo(out / "llama.cpp", config=DemoConfig.smoke(model="trained:olmoe", backend="llama.cpp",
-                                                                     threads=1), progress=False, echo=lambda _: None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LlamaModel, "__init__", _counting(LlamaModel.__init__))
+        llama_run = run_demo(out / "llama.cpp", config=DemoConfig.smoke(model="trained:olmoe", backend="llama.cpp",
+                                                                         threads=1), progress=False, echo=lambda _: None)
+    OPENED["after"] = open_models()
     return out, torch_run, llama_run
 
 
@@ -204,3 +222,25 @@ def test_the_files_identity_names_it_by_its_content(gguf_files, tmp_path):
     data[-1] ^= 0xFF  # the last span of the file is always read
     copy.write_bytes(bytes(data))
     assert gguf_info.fingerprint(copy) != gguf_info.fingerprint(q8)
+
+
+def test_the_chain_holds_at_most_one_open_instance_of_its_file(chains):
+    """Issue 55: each phase reuses the model the chain holds or closes its own; none is left open."""
+    out, _, _ = chains
+    gguf = str((out / "llama.cpp" / "trained-olmoe-q8_0.gguf").resolve())
+    assert OPENED["most"].get(gguf) == 1, OPENED
+    assert OPENED["after"] == {}
+
+
+def test_every_step_records_its_peak_memory_anonymous_and_file_backed_apart(chains):
+    out, _, result = chains
+    folder = out / "llama.cpp"
+    steps = _payload(folder, "memory.json", "memory")["steps"]
+    assert set(steps) == set(LLAMA_STEPS)
+    assert all(s["anon_bytes"] > 0 and s["file_bytes"] > 0 for s in steps.values())
+    # the measure phases read every weight of the mapped file: its pages are resident, file-backed
+    size = (folder / "trained-olmoe-q8_0.gguf").stat().st_size
+    assert steps["measure-base"]["file_bytes"] >= 0.9 * size
+    for name, kind in (("measurement.json", "measure"), ("batch-measurement.json", "batch-measure")):
+        assert artifacts.load(folder / name, kind)["memory"]["anon_bytes"] > 0
+    assert "peak resident memory" in result.summary

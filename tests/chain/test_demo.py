@@ -34,6 +34,19 @@ def test_first_run_runs_every_step_in_order(run):
     assert (out / "report.html").exists() and (out / "summary.txt").exists()
 
 
+def test_every_step_that_ran_records_its_peak_memory(run):
+    """Each step's peak resident memory, anonymous and file-backed apart, in memory.json and in the
+    header of its JSON artifact; the summary names the largest."""
+    out, result = run
+    steps = artifacts.load(out / "memory.json", "memory")["payload"]["steps"]
+    assert tuple(steps) == STEPS
+    assert all(s["anon_bytes"] > 0 and s["file_bytes"] > 0 for s in steps.values())
+    for name, kind in (("characterization.json", "characterize"), ("measurement-base.json", "measure"),
+                       ("prediction.json", "predict"), ("score.json", "score")):
+        assert artifacts.load(out / name, kind)["memory"]["anon_bytes"] > 0
+    assert "peak resident memory" in result.summary
+
+
 def test_prediction_is_written_before_the_sweep(run):
     out, _ = run
     # the sweep artifact is written after the prediction it is scored against
@@ -121,8 +134,8 @@ def test_full_is_the_papers_protocol():
     from moespec.bench.measure import MeasureConfig
     from moespec.kernel_names import ENGINE_KERNELS as KERNELS
     from moespec.bench.measure_base import H_PROBE_ACCEPTANCE
-    from moespec.chain.demo import _phase_knobs
-    from moespec.chain.demo_work import _measure_config
+    from moespec.chain.demo_config import measure_config as _measure_config
+    from moespec.chain.demo_config import phase_knobs as _phase_knobs
 
     cfg = DemoConfig.full_protocol()
     m = _measure_config(cfg)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from moespec.chain import demo as pipeline
-from moespec.chain import demo_work
+from moespec.chain import demo_steps as demo_work
 from moespec.models import synthetic
 from moespec.moe.replay import RoutingReplay
 from moespec.moe.routing import record
@@ -35,7 +35,7 @@ def test_the_chain_records_and_times_the_replayed_routing(tmp_path):
 
 def test_trained_routing_is_trained_olmoes_and_replays_on_its_shape(tmp_path):
     path = tmp_path / pipeline.TRAINED_ROUTING
-    demo_work._trace_trained(path)
+    demo_work.trace_trained(path)
     trace = RoutingTrace.load(path)
     assert (trace.num_experts, trace.top_k, trace.num_layers) == (64, 8, 6)
     assert trace.num_tokens == demo_work.TRAINED_ROUTING_TOKENS and trace.model == "trained:olmoe"

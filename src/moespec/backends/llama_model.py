@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Collection
 
@@ -28,6 +29,12 @@ from moespec.backends.protocol import GreedyByLogits, NoMaximum, argmax_rows, ou
 DEFAULT_CONTEXT = 8192  # positions, unless the file was trained on fewer (n_ctx)
 DEFAULT_BATCH = 512  # tokens per llama_decode call (n_batch = n_ubatch), llama.cpp's default
 VOCAB_LIMIT_KEY = "moespec.vocab_limit"  # written by `moespec export-gguf` where the output layer is padded
+OPEN: Counter = Counter()  # live llama.cpp models per resolved file: a chain holds at most one of each
+
+
+def open_models() -> dict[str, int]:
+    """{file: llama.cpp models of it loaded and not yet closed} in this process."""
+    return {path: n for path, n in OPEN.items() if n > 0}
 
 
 def default_threads() -> int:
@@ -74,6 +81,7 @@ class LlamaModel(GreedyByLogits):
         self._model = L.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
             raise llama_lib.load_failure(self.path)
+        OPEN[str(Path(self.path).resolve())] += 1
         self._vocab = L.llama_model_get_vocab(self._model)
         self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
         trained = L.llama_model_n_ctx_train(self._model)
@@ -244,6 +252,7 @@ class LlamaModel(GreedyByLogits):
         if self._model:
             L.llama_model_free(self._model)
             self._model = None
+            OPEN[str(Path(self.path).resolve())] -= 1
 
     def __enter__(self) -> "LlamaModel":
         return self

@@ -27,8 +27,9 @@ from typing import Any
 
 from moespec import artifacts
 from moespec.bench.measure_base import H_PROBE_ACCEPTANCE
+from moespec.run_files import BATCH_MEASUREMENT, KINDS
 
-KIND = "batch-measure"
+KIND = KINDS[BATCH_MEASUREMENT]
 SETTINGS = ("sizes", "max_k", "acceptances", "prompt_tokens", "new_tokens", "reps", "threads")
 
 
@@ -52,16 +53,46 @@ def probe(target, prompts: Sequence[Sequence[int]], refs, *, max_k: int, new_tok
     return h, plain
 
 
+def measure_size(target, prompts: Sequence[Sequence[int]], B: int, *, max_k: int, acceptances: Sequence[float],
+                 new_tokens: int, reps: int, depth: int, limit: int,
+                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """The measurement at one batch size B (module docstring) on `target`, a `LlamaBatch` of >= B
+    sequences: the passes τ_B timed alone at `depth`, then h_B, the plain passes and the sweep."""
+    from moespec.bench.batch_passes import fill, pass_times
+    from moespec.bench.batch_sweep import references, sweep_batch
+
+    fill(target, B, depth, seed=0)
+    tau = pass_times(target, B, max_k, depth=depth, reps=max(reps, 3) + 2, progress=progress)
+    target.reset()
+    refs = references(target, prompts[:B], new_tokens, limit)
+    h, plain = probe(target, prompts[:B], refs, max_k=max_k, new_tokens=new_tokens, limit=limit)
+    sweep = sweep_batch(target, prompts, B, max_k=max_k, acceptances=acceptances, max_new_tokens=new_tokens,
+                        reps=reps, vocab_limit=limit, progress=progress, refs=refs)
+    return {"tau": {n: t.to_dict() for n, t in tau.items()}, "h": h, "sweep": sweep, "threads": target.threads,
+            "plain_pass": {"median": statistics.median(plain), "samples": plain}}
+
+
+def open_target(path: str | Path, *, sequences: int, context: int, threads: int | None = None):
+    """(the `LlamaBatch` of `sequences` sequences of `context` positions the measurement runs on, its tokenizer)."""
+    from moespec.models.specs import load
+
+    return load(str(path), backend="llama.cpp", threads=threads, sequences=sequences, n_ctx=context)
+
+
+def context(prompt_tokens: int, new_tokens: int, max_k: int) -> int:
+    """Positions of one sequence the measurement reaches: the prompt, the new tokens, a last draft and its bonus."""
+    return prompt_tokens + new_tokens + max_k + 2
+
+
 def measure_batch(path: str | Path, prompts: Sequence[Sequence[int]], *, sizes: Sequence[int], max_k: int,
                   acceptances: Sequence[float], new_tokens: int, reps: int = 3, threads: int | None = None,
                   vocab_limit: int | None = None, out: str | Path | None = None,
-                  progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+                  progress: Callable[[str, int, int], None] | None = None, target=None) -> dict[str, Any]:
     """The "batch-measure" payload of the GGUF file `path` (module docstring); with `out`, written there
-    after each batch size and resumed from it when its settings match. progress(label, done, total)."""
-    from moespec.bench.batch_passes import batch_step_times
-    from moespec.bench.batch_sweep import references, sweep_batch
+    after each batch size and resumed from it when its settings match. progress(label, done, total).
+    target: the file opened by `open_target` with >= max(sizes) sequences, when the caller holds it;
+    else the file is opened here, once, and closed at the end."""
     from moespec.models import gguf_info
-    from moespec.models.specs import load
 
     sizes = sorted({int(B) for B in sizes})
     if not sizes or sizes[0] < 1 or sizes[-1] > len(prompts):
@@ -75,25 +106,22 @@ def measure_batch(path: str | Path, prompts: Sequence[Sequence[int]], *, sizes: 
         old = artifacts.load(out, KIND)["payload"]
         if {k: old.get(k) for k in ("provenance", *SETTINGS)} == {k: payload[k] for k in ("provenance", *SETTINGS)}:
             payload["by_batch"] = old["by_batch"]
-    target, limit = None, vocab_limit
-    for B in sizes:
-        if str(B) in payload["by_batch"]:
-            continue
-        tick = (lambda done, total, B=B: progress(f"B = {B}", done, total)) if progress else None
-        timed = batch_step_times(path, [B], max_k, depth=payload["depth"], reps=max(reps, 3) + 2, threads=threads,
-                                 progress=tick)
-        if target is None:
-            target, _ = load(str(path), backend="llama.cpp", threads=threads, sequences=sizes[-1],
-                             n_ctx=prompt_tokens + new_tokens + max_k + 2)
-            limit = limit or target.vocab_limit or target.n_vocab
-        refs = references(target, prompts[:B], new_tokens, limit)
-        h, plain = probe(target, prompts[:B], refs, max_k=max_k, new_tokens=new_tokens, limit=limit)
-        sweep = sweep_batch(target, prompts, sizes=[B], max_k=max_k, acceptances=acceptances,
-                            max_new_tokens=new_tokens, reps=reps, vocab_limit=limit, progress=tick, refs=refs)[B]
-        payload["by_batch"][str(B)] = {"tau": timed["tau"][B], "h": h, "sweep": sweep, "threads": timed["threads"],
-                                       "plain_pass": {"median": statistics.median(plain), "samples": plain}}
-        if out is not None:
-            artifacts.write(out, KIND, payload)
+    todo = [B for B in sizes if str(B) not in payload["by_batch"]]
+    own = target is None and bool(todo)
+    if own:
+        target, _ = open_target(path, sequences=sizes[-1], context=context(prompt_tokens, new_tokens, max_k),
+                                threads=threads)
+    try:
+        for B in todo:
+            tick = (lambda done, total, B=B: progress(f"B = {B}", done, total)) if progress else None
+            payload["by_batch"][str(B)] = measure_size(
+                target, prompts, B, max_k=max_k, acceptances=acceptances, new_tokens=new_tokens, reps=reps,
+                depth=payload["depth"], limit=vocab_limit or target.vocab_limit or target.n_vocab, progress=tick)
+            if out is not None:
+                artifacts.write(out, KIND, payload)
+    finally:
+        if own:
+            target.close()
     return payload
 
 

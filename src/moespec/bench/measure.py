@@ -31,6 +31,7 @@ from moespec.costmodel.predict import ACCEPTANCE_GRID
 from moespec.kernel_names import DEDUP, ENGINE_KERNELS
 from moespec.pointlog import PointLog
 from moespec.provenance import model_provenance, trace_fingerprint
+from moespec.run_files import MEASUREMENT
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def measure(
     draft_spec: str | None = None,
     prompt_lookup: int | None = None,
     full: bool = False,
-    out: str | Path = "measurement.json",
+    out: str | Path = MEASUREMENT,
     layers: int | None = None,
     progress: bool = True,
     on_point: Callable[[dict, bool], None] | None = None,
@@ -206,18 +207,23 @@ def measure(
                    restart=restart)
     parts = _measure_parts(model, tokenizer, cfg, draft=draft, draft_name=draft_name, verified=verified, log=log,
                            progress=progress, on_point=on_point)
-    payload = {
+    payload = _payload(model_spec, provenance, verified, layers=layers, draft=draft_name, cfg=cfg, parts=parts)
+    payload = base_payload(payload) if base else payload
+    artifacts.write(out, "measure", payload)
+    return payload
+
+
+def _payload(model_spec: str, provenance: dict, verified: Any, *, layers: int | None, draft: str | None,
+             cfg: MeasureConfig, parts: dict) -> dict[str, Any]:
+    """The "measure" payload: what was measured, from which model and windows, with which knobs."""
+    return {
         "model": model_spec,
         "provenance": {**provenance, "verified": None if verified is None else trace_fingerprint(verified)},
         "layers": layers,
-        "draft": draft_name,
+        "draft": draft,
         "config": cfg.to_dict(),
         **parts,
     }
-    if base:
-        payload = base_payload(payload)
-    artifacts.write(out, "measure", payload)
-    return payload
 
 
 def _config(model_spec: str, backend: str, *, full: bool, base: bool, knobs: dict) -> tuple[str, MeasureConfig]:

@@ -1,4 +1,4 @@
-"""The chain at batch size B on a GGUF file as steps (name, artifact, work): `moespec batch` runs them,
+"""The chain at batch size B on a GGUF file as steps (`chain.run_folder.Step`): `moespec batch` runs them,
 and so does `moespec demo` on llama.cpp after its B = 1 chain (`report.build` shows the result).
 
 1. routing: a trace of many short documents (`texts.spread`, at most `DOC_TOKENS` each), so
@@ -10,8 +10,8 @@ and so does `moespec demo` on llama.cpp after its B = 1 chain (`report.build` sh
 4. the prediction V̂_B (`batch_prediction.predict_batch`, never reading the sweep), then the score
    and Figure 7, the schedule (`report.figures.plot_schedule`).
 
-A step whose artifact exists is skipped (the demo's rule); a characterization that does not reach
-the largest pass is made again.
+`chain.run_folder.Runner` runs them (a step whose artifact exists is reused); a characterization
+that does not reach the largest pass is made again.
 """
 
 from __future__ import annotations
@@ -22,10 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from moespec import artifacts
+from moespec.chain.run_folder import OWN, Step, drop, set_partial, settings_changed
+from moespec.run_files import BATCH_CHARACTERIZATION as CHARACTERIZATION
+from moespec.run_files import BATCH_MEASUREMENT as MEASUREMENT
+from moespec.run_files import BATCH_PREDICTION as PREDICTION
+from moespec.run_files import BATCH_SCORE as SCORE
+from moespec.run_files import BATCH_TRACES as TRACES
+from moespec.run_files import KINDS
+from moespec.run_files import SCHEDULE as FIGURE
 
-TRACES, CHARACTERIZATION = "batch-traces.parquet", "batch-characterization.json"
-MEASUREMENT, PREDICTION, SCORE, FIGURE = ("batch-measurement.json", "batch-prediction.json", "batch-score.json",
-                                          "schedule.png")
 # documents of at most 256 tokens, cut from 4 KiB of text taken in turn from each corpus file: 8192
 # tokens give 32 distinct documents, more than B, each longer than any window of k + 1 tokens
 DOC_TOKENS, DOC_CHARS = 256, 4096
@@ -52,88 +57,111 @@ class BatchKnobs:
         return asdict(self)
 
 
-Step = tuple[str, Path, Callable[[], Any]]
-
-
 def batch_steps(gguf: str | Path, out: Path, knobs: BatchKnobs, *, progress: bool = True,
                 echo: Callable[[str], None] = print) -> list[Step]:
-    """The steps (module docstring) into the folder `out`."""
+    """The steps (module docstring) into the folder `out`; each opens the file itself and closes it."""
     from moespec.bench.characterize import characterize
-    from moespec.chain.batch_prediction import KIND, pass_sizes, predict_batch
+    from moespec.chain.batch_prediction import pass_sizes
     from moespec.chain.llama_inputs import record_gguf_routing
     from moespec.texts import default_corpus, spread
 
     p = out.joinpath
     ns = sorted(set(range(1, 10)) | set(pass_sizes(knobs.sizes, knobs.max_k)))
-    if p(CHARACTERIZATION).exists() and max(artifacts.load(p(CHARACTERIZATION), "characterize")["payload"]["n"]) < ns[-1]:
+    if p(CHARACTERIZATION).exists() and max(artifacts.load(p(CHARACTERIZATION), KINDS[CHARACTERIZATION])
+                                            ["payload"]["n"]) < ns[-1]:
         echo(f"[batch-characterize] {CHARACTERIZATION} stops short of n = {ns[-1]}; characterizing again")
-        for name in (CHARACTERIZATION, CHARACTERIZATION + ".points.jsonl", PREDICTION, SCORE):
-            p(name).unlink(missing_ok=True)
+        drop(out, (CHARACTERIZATION, CHARACTERIZATION + ".points.jsonl", PREDICTION, SCORE))
     _drop_stale_measurement(out, knobs, echo)
-    sources = {"characterization": str(p(CHARACTERIZATION)), "traces": str(p(TRACES)), "measurement": str(p(MEASUREMENT))}
     return [
-        ("batch-trace", p(TRACES), lambda: record_gguf_routing(
-            gguf, p(TRACES), texts=spread(default_corpus(), DOC_CHARS), tokens=knobs.trace_tokens,
-            per_document=DOC_TOKENS, threads=knobs.threads)),
-        ("batch-characterize", p(CHARACTERIZATION), lambda: characterize(
-            str(gguf), p(TRACES), n=ns, reps=3, u_points=3, windows=2, out=p(CHARACTERIZATION), threads=knobs.threads,
-            progress=progress)),
-        ("batch-measure", p(MEASUREMENT), lambda: measure(gguf, p(MEASUREMENT), knobs, progress=progress)),
-        ("batch-predict", p(PREDICTION), lambda: artifacts.write(p(PREDICTION), KIND, predict_batch(
-            p(CHARACTERIZATION), p(TRACES), p(MEASUREMENT), sources=sources))),
-        ("batch-score", p(SCORE), lambda: score(p(PREDICTION), p(MEASUREMENT), p(SCORE), p(FIGURE))),
+        Step("batch-trace", p(TRACES), record_gguf_routing, dict(
+            gguf=gguf, out=p(TRACES), texts=spread(default_corpus(), DOC_CHARS), tokens=knobs.trace_tokens,
+            per_document=DOC_TOKENS, threads=knobs.threads), model=OWN),
+        Step("batch-characterize", p(CHARACTERIZATION), characterize, dict(
+            model=str(gguf), traces=p(TRACES), n=ns, reps=3, u_points=3, windows=2, out=p(CHARACTERIZATION),
+            threads=knobs.threads, progress=progress), reads=(p(TRACES),), model=OWN),
+        Step("batch-measure", p(MEASUREMENT), measure, dict(gguf=gguf, out=p(MEASUREMENT), knobs=knobs,
+                                                             progress=progress), model=OWN),
+        Step("batch-predict", p(PREDICTION), predict, dict(out=p(PREDICTION), characterization=p(CHARACTERIZATION),
+                                                            traces=p(TRACES), measurement=p(MEASUREMENT)),
+             reads=(p(CHARACTERIZATION), p(TRACES), p(MEASUREMENT))),
+        Step("batch-score", p(SCORE), score, dict(prediction=p(PREDICTION), measurement=p(MEASUREMENT), out=p(SCORE),
+                                                  figure=p(FIGURE)), reads=(p(PREDICTION), p(MEASUREMENT))),
     ]
 
 
 def _drop_stale_measurement(out: Path, knobs: BatchKnobs, echo: Callable[[str], None]) -> None:
-    from moespec.bench.batch_measure import KIND
-
+    """A measurement made with other settings is removed, with what was made from it; an unfinished
+    one is set aside as ".partial", which `measure` resumes."""
     path = out / MEASUREMENT
     if not path.exists():
         return
-    old = artifacts.load(path, KIND)["payload"]
+    old = artifacts.load(path, KINDS[MEASUREMENT])["payload"]
     want = {"sizes": sorted(knobs.sizes), "max_k": knobs.max_k, "acceptances": [float(a) for a in knobs.acceptances],
             "new_tokens": knobs.new_tokens, "reps": knobs.reps}
-    if {k: old.get(k) for k in want} != want or old.get("prompt_tokens", 0) > knobs.prompt_tokens:
+    if settings_changed(old, want, missing_differs=True) or old.get("prompt_tokens", 0) > knobs.prompt_tokens:
         echo(f"[batch-measure] {MEASUREMENT} was measured with other settings; measuring it again")
-        for name in (MEASUREMENT, PREDICTION, SCORE):
-            (out / name).unlink(missing_ok=True)
+        drop(out, (MEASUREMENT, PREDICTION, SCORE))
     elif sorted(int(B) for B in old["by_batch"]) != sorted(knobs.sizes):  # interrupted: resume it
-        path.unlink()
-        artifacts.write(path.with_name(path.name + ".partial"), KIND, old)
+        set_partial(path, KINDS[MEASUREMENT])
 
 
 def measure(gguf: str | Path, out: Path, knobs: BatchKnobs, *, progress: bool = True) -> dict:
-    """The batch measurement of `gguf` written to `out` (resumed from `out` or its ".partial" copy)."""
+    """The batch measurement of `gguf` written to `out` (resumed from `out` or its ".partial" copy), on
+    one open instance of the file: its tokenizer makes the prompts, its sequences run the batches."""
     from contextlib import nullcontext
 
     from rich.progress import Progress
 
-    from moespec.bench.batch_measure import measure_batch
+    from moespec.bench.batch_measure import context, measure_batch, open_target
     from moespec.texts import batch_prompt_ids
-    from moespec.models.specs import load
 
-    _, tok = load(str(gguf), backend="llama.cpp", threads=knobs.threads)
-    prompts = batch_prompt_ids(tok, knobs.prompt_tokens, max(knobs.sizes))
     partial = out.with_name(out.name + ".partial")
     if partial.exists() and not out.exists():
         partial.replace(out)
-    with Progress(transient=True) if progress else nullcontext() as bar:
-        task = bar.add_task("batch measurement", total=None) if bar else None
-        tick = (lambda label, d, t: bar.update(task, description=f"measuring {label}", completed=d, total=t)) \
-            if bar else None
-        return measure_batch(gguf, prompts, sizes=knobs.sizes, max_k=knobs.max_k, acceptances=knobs.acceptances,
-                             new_tokens=knobs.new_tokens, reps=knobs.reps, threads=knobs.threads, vocab_limit=len(tok),
-                             out=out, progress=tick)
+    target, tok = open_target(gguf, sequences=max(knobs.sizes), threads=knobs.threads,
+                              context=context(knobs.prompt_tokens, knobs.new_tokens, knobs.max_k))
+    try:
+        prompts = batch_prompt_ids(tok, knobs.prompt_tokens, max(knobs.sizes))
+        with Progress(transient=True) if progress else nullcontext() as bar:
+            task = bar.add_task("batch measurement", total=None) if bar else None
+            tick = (lambda label, d, t: bar.update(task, description=f"measuring {label}", completed=d, total=t)) \
+                if bar else None
+            return measure_batch(gguf, prompts, sizes=knobs.sizes, max_k=knobs.max_k, acceptances=knobs.acceptances,
+                                 new_tokens=knobs.new_tokens, reps=knobs.reps, threads=knobs.threads,
+                                 vocab_limit=len(tok), out=out, progress=tick, target=target)
+    finally:
+        target.close()
+
+
+def predict(*, out: Path, characterization: Path, traces: Path, measurement: Path) -> None:
+    """The prediction V̂_B (`batch_prediction.predict_batch`), which never reads the sweep."""
+    from moespec.chain.batch_prediction import predict_batch
+
+    sources = {"characterization": str(characterization), "traces": str(traces), "measurement": str(measurement)}
+    artifacts.write(out, KINDS[PREDICTION], predict_batch(characterization, traces, measurement, sources=sources))
+
+
+def run_batch_chain(gguf: str | Path, out: Path, knobs: BatchKnobs, *, restart: bool = False, progress: bool = True,
+                    echo: Callable[[str], None] = print) -> tuple[dict, dict]:
+    """`moespec batch`: every step into `out` (finished artifacts reused; `restart` first sets the
+    folder's batch artifacts aside as *.old); returns (the prediction's payload, the score's)."""
+    from moespec.chain.run_folder import Runner, move_aside
+
+    out.mkdir(parents=True, exist_ok=True)
+    if restart:
+        move_aside([*out.glob("batch-*"), out / FIGURE])
+    Runner(out, echo).run(batch_steps(gguf, out, knobs, progress=progress, echo=echo))
+    return (artifacts.load(out / PREDICTION, KINDS[PREDICTION])["payload"],
+            artifacts.load(out / SCORE, KINDS[SCORE])["payload"])
 
 
 def score(prediction: str | Path, measurement: str | Path, out: Path, figure: Path) -> dict:
     """The score of a batch prediction against the measurement's sweep, written to `out`, and Figure 7
     to `figure`."""
-    from moespec.chain.batch_prediction import SCORE_KIND, score_batch
+    from moespec.chain.batch_prediction import score_batch
     from moespec.report.figures import plot_schedule
 
     payload = score_batch(prediction, measurement)
-    artifacts.write(out, SCORE_KIND, payload)
+    artifacts.write(out, KINDS[SCORE], payload)
     plot_schedule(payload, figure)
     return payload

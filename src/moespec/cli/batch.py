@@ -7,12 +7,11 @@ steps one by one. The tables and lines they print are here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Optional
 
 import typer
 from rich.table import Table
 
-from moespec import artifacts
 from moespec.cli.app import app, cli_console
 from moespec.cli.checks import interval, output_folder
 from moespec.cli.options import parse_acceptances, parse_sizes
@@ -58,22 +57,24 @@ def score_table(payload: dict) -> Table:
 
 @app.command("batch")
 def batch_command(
-    model: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="the GGUF target (llama.cpp)")],
-    batch_sizes: Annotated[str, typer.Option(help="batch sizes such as 1,2,4,8")] = "1,2,4,8",
-    max_k: Annotated[int, typer.Option(callback=interval(1, 16), help="largest draft length")] = 4,
-    acceptance: Annotated[list[str] | None, typer.Option("--acceptance", "-a", help="acceptances of the sweep; "
-                                                         f"repeatable (default {', '.join(DEFAULT_ACCEPTANCES)})")] = None,
-    prompt_tokens: Annotated[int, typer.Option(callback=interval(2), help="tokens of each prompt")] = 128,
-    max_new_tokens: Annotated[int, typer.Option(callback=interval(3), help="new tokens per sequence")] = 48,
-    reps: Annotated[int, typer.Option(callback=interval(1), help="repetitions of each swept point")] = 3,
-    threads: Annotated[int | None, typer.Option(callback=interval(1), help="llama.cpp threads")] = None,
-    trace_tokens: Annotated[int, typer.Option(callback=interval(64), help="tokens of the routing trace, in "
-                                              "documents of at most 256")] = 8192,
-    out_dir: Annotated[Path, typer.Option(callback=output_folder, help="where the artifacts go")] = Path("moespec-batch"),
-    restart: Annotated[bool, typer.Option(help="set earlier artifacts of --out-dir aside and start over")] = False,
+    model: Path = typer.Option(..., "--model", exists=True, dir_okay=False, help="the GGUF target (llama.cpp)"),
+    batch_sizes: str = typer.Option("1,2,4,8", "--batch-sizes", help="batch sizes such as 1,2,4,8"),
+    max_k: int = typer.Option(4, "--max-k", callback=interval(1, 16), help="largest draft length"),
+    acceptance: Optional[list[str]] = typer.Option(None, "--acceptance", "-a", help="acceptances of the sweep; "
+                                                   f"repeatable (default {', '.join(DEFAULT_ACCEPTANCES)})"),
+    prompt_tokens: int = typer.Option(128, "--prompt-tokens", callback=interval(2), help="tokens of each prompt"),
+    max_new_tokens: int = typer.Option(48, "--max-new-tokens", callback=interval(3), help="new tokens per sequence"),
+    reps: int = typer.Option(3, "--reps", callback=interval(1), help="repetitions of each swept point"),
+    threads: Optional[int] = typer.Option(None, "--threads", callback=interval(1), help="llama.cpp threads"),
+    trace_tokens: int = typer.Option(8192, "--trace-tokens", callback=interval(64), help="tokens of the routing "
+                                     "trace, in documents of at most 256"),
+    out_dir: Path = typer.Option(Path("moespec-batch"), "--out-dir", callback=output_folder,
+                                 help="where the artifacts go"),
+    restart: bool = typer.Option(False, "--restart/--no-restart", help="set earlier artifacts of --out-dir aside "
+                                 "and start over"),
 ) -> None:
     """k̂*(a, B) on a GGUF file: routing, characterization to n = B(k+1), the batch measurement, V̂_B, the score."""
-    from moespec.chain.batch_chain import FIGURE, MEASUREMENT, PREDICTION, SCORE, BatchKnobs, batch_steps
+    from moespec.chain.batch_chain import FIGURE, MEASUREMENT, PREDICTION, SCORE, BatchKnobs, run_batch_chain
     from moespec.report.batch import goal_lines
 
     model = gguf_only(model)
@@ -83,21 +84,9 @@ def batch_command(
             new_tokens=max_new_tokens, reps=reps, trace_tokens=trace_tokens, threads=threads)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="'--max-new-tokens'") from e
-    out_dir.mkdir(parents=True, exist_ok=True)
     console = cli_console()
-    if restart:
-        for path in out_dir.glob("batch-*"):
-            path.replace(path.with_name(path.name + ".old"))
-        if (out_dir / FIGURE).exists():
-            (out_dir / FIGURE).replace(out_dir / f"{FIGURE}.old")
-    for name, path, work in batch_steps(model, out_dir, knobs, echo=console.print):
-        if path.exists():
-            console.print(f"[{name}] reusing {path}", markup=False)
-            continue
-        work()
-        console.print(f"[{name}] wrote {path}", markup=False)
-    prediction = artifacts.load(out_dir / PREDICTION, "batch-predict")["payload"]
-    score = artifacts.load(out_dir / SCORE, "batch-score")["payload"]
+    prediction, score = run_batch_chain(model, out_dir, knobs, restart=restart,
+                                        echo=lambda text: console.print(text, markup=False))
     console.print(prediction_table(prediction))
     console.print(score_table(score))
     for line in goal_lines(score):

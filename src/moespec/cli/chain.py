@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from moespec import artifacts
+from moespec import artifacts, run_files
 from moespec.cli.app import app, cli_console
 from moespec.cli.checks import interval, model_spec, output_file, output_folder, routing_file
 from moespec.kernel_names import COST_DEDUP, COST_KERNELS
@@ -84,7 +84,7 @@ def predict_command(
                                 help="routing trace (Parquet) of the same model"),
     measurement: Path = typer.Option(..., "--measurement", exists=True, dir_okay=False,
                                      help="base measurement: verify times and h(k)"),
-    out: Path = typer.Option(Path("prediction.json"), "--out", callback=output_file,
+    out: Path = typer.Option(Path(run_files.PREDICTION), "--out", callback=output_file,
                              help="where to write the prediction"),
 ) -> None:
     """Predict τ̂_p(n), Ŝ(n) with its band, the crossover, k̂*(a) and the speedup (22), in three versions;
@@ -110,7 +110,7 @@ def score_command(
     prediction: Path = typer.Option(..., "--prediction", exists=True, dir_okay=False, help="predict artifact"),
     measurement: Path = typer.Option(..., "--measurement", exists=True, dir_okay=False,
                                      help="measure artifact with the oracle sweep"),
-    out: Path = typer.Option(Path("score.json"), "--out", callback=output_file, help="where to write the score"),
+    out: Path = typer.Option(Path(run_files.SCORE), "--out", callback=output_file, help="where to write the score"),
     kernel: str = typer.Option(COST_DEDUP, help=f"the scored kernel: one of {COST_KERNELS}"),
 ) -> None:
     """Score the prediction against the measurement: Tables 3, 4, 7 and the rules of Table 8; exits 1,
@@ -146,11 +146,11 @@ def report_command(
     from moespec.report.build import build_report
 
     try:
-        path = build_report(run_dir, out=out or run_dir / "report.html")
+        path = build_report(run_dir, out=out or run_dir / run_files.REPORT)
     except FileNotFoundError as e:
         raise typer.BadParameter(str(e)) from e
     console = cli_console()
-    console.print((path.parent / "summary.txt").read_text(encoding="utf-8"))
+    console.print((path.parent / run_files.SUMMARY).read_text(encoding="utf-8"))
     console.print(f"wrote {path}")
 
 

@@ -14,20 +14,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from moespec import artifacts
+from moespec import artifacts, run_files
 from moespec.models.lineage import check_chain
 from moespec.moe.traces import read_header
 from moespec.report.answer import answer_blocks
 from moespec.report.batch import batch_blocks
 from moespec.report.html import Figure, Section, Table, render
 from moespec.report.summary import as_text, backends_table, crossover_shown, k_within_one, summary_blocks
+from moespec.run_files import ANSWER, LLAMA_FOLDER, MEMORY, SUMMARY
 
-FILES = {"traces": "traces.parquet", "characterization": "characterization.json", "prediction": "prediction.json",
-         "measurement": "measurement.json", "score": "score.json", "batch_score": "batch-score.json"}
-ANSWER = "answer.txt"  # the answer alone (`report.answer`), also the head of summary.txt
-LLAMA_FOLDER = "llama.cpp"  # where `moespec demo --backend llama.cpp` runs, inside the torch run folder
-KINDS = {"characterization": "characterize", "prediction": "predict", "measurement": "measure", "score": "score",
-         "batch_score": "batch-score"}
+FILES = {"traces": run_files.TRACES, "characterization": run_files.CHARACTERIZATION,
+         "prediction": run_files.PREDICTION, "measurement": run_files.MEASUREMENT, "score": run_files.SCORE,
+         "batch_score": run_files.BATCH_SCORE}
 
 
 def _load_run(run_dir: Path) -> dict[str, Any]:
@@ -35,7 +33,7 @@ def _load_run(run_dir: Path) -> dict[str, Any]:
     for name, file in FILES.items():
         path = run_dir / file
         if path.exists():
-            got[name] = path if name == "traces" else artifacts.load(path, KINDS[name])["payload"]
+            got[name] = path if name == "traces" else artifacts.load(path, run_files.KINDS[file])["payload"]
     return got
 
 
@@ -157,6 +155,8 @@ def build_report(run_dir: str | Path, out: str | Path = "report.html") -> Path:
         raise FileNotFoundError(f"{run_dir} holds no artifact of the chain; run `moespec demo --out-dir {run_dir}`")
     check_chain({FILES[name]: read_header(got) if name == "traces" else got for name, got in run.items()},
                 fix=f"make every artifact in {run_dir} with one model, or move the others away")
+    if (run_dir / MEMORY).exists():  # each step's peak memory (`chain.run_folder`), for the summary's line
+        run["memory"] = artifacts.load(run_dir / MEMORY, run_files.KINDS[MEMORY])["payload"]
     out = Path(out)
     summary = summary_blocks(run)
     batch_lines, batch_table = batch_blocks(run["batch_score"]) if "batch_score" in run else ([], None)
@@ -165,7 +165,7 @@ def build_report(run_dir: str | Path, out: str | Path = "report.html") -> Path:
     if sides is not None:
         summary.insert(0, sides)
     answer = answer_blocks(run)
-    (out.parent / "summary.txt").write_text(as_text(answer + summary), encoding="utf-8")
+    (out.parent / SUMMARY).write_text(as_text(answer + summary), encoding="utf-8")
     (out.parent / ANSWER).write_text(as_text(answer), encoding="utf-8")
     sections = [Section("The answer", answer or ["nothing predicted yet"]),
                 Section("Summary", summary or ["nothing predicted or scored yet"])]

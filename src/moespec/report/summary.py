@@ -234,7 +234,20 @@ def summary_blocks(run: dict[str, Any]) -> list:
     if steadiness and not isinstance(steadiness[0], str):
         blocks += steadiness
     blocks.append(_unavailable(run))
+    blocks.append(memory_line(run.get("memory", {})))
     return [b for b in blocks if b]
+
+
+def memory_line(memory: dict[str, Any]) -> str:
+    """The largest peak resident memory of the run's steps (memory.json, `chain.run_folder`), or ""."""
+    steps = {n: s for n, s in memory.get("steps", {}).items() if s.get("anon_bytes") is not None}
+    if not steps:
+        return ""
+    name = max(steps, key=lambda n: steps[n]["anon_bytes"] + steps[n]["file_bytes"])
+    s = steps[name]
+    return (f"peak resident memory: {(s['anon_bytes'] + s['file_bytes']) / 1e9:.2f} GB in step {name} "
+            f"(anonymous {s['anon_bytes'] / 1e9:.2f} GB, file-backed {s['file_bytes'] / 1e9:.2f} GB; "
+            f"{len(steps)} steps recorded in memory.json)")
 
 
 def backends_table(runs: dict[str, dict[str, Any]]) -> Table | None:

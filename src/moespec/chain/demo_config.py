@@ -1,0 +1,168 @@
+"""The demo's settings (`DemoConfig`: each step's knobs) and the run folder `moespec demo`'s options
+name (`demo_setup`); the knobs each measure phase and llama.cpp's context derive from them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from moespec.bench.measure_base import base_knobs
+from moespec.kernel_names import DEDUP
+from moespec.run_files import LLAMA_FOLDER
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """The knobs of each step; `demo()` fits a 2-core CPU in minutes, `full_protocol()` is the paper's.
+    Why each demo value was chosen: docs/methodology.md and BENCHMARKS.md."""
+
+    model: str = "synthetic:olmoe-shaped"
+    layers: int | None = None  # a synthetic preset's depth (None: the preset's)
+    trace_tokens: int = 4096
+    # both layers (rho differs between them); the verified windows are timed between the base
+    # measurement's passes (`ops_between_passes`), so the characterization leaves them out
+    characterize: dict = field(default_factory=lambda: dict(layers=(0, "mid"), reps=3, u_points=3, windows=4))
+    # 32 verify repetitions: the prediction reads the 16 even ones, the score the 16 odd ones; 18
+    # one-step oracle runs per cell, 2 tokens apart, verify the stretch the verify passes read
+    measure: dict = field(default_factory=lambda: dict(new_tokens=64, oracle_steps=1, oracle_reps=18, prompts=2,
+                                                       oracle_start_stride=2, reps=32,
+                                                       scaling_ns=tuple(range(1, 10))))
+    full: bool = False
+    seed: int = 0
+    # None: the model's own routers; a trace file the MoE layers replay; "trained": trained:olmoe's
+    # routing, recorded into the run folder first (`moe.replay`)
+    routing: str | None = None
+    # time the characterized layers' operation on each verify pass's window right after the pass
+    ops_between_passes: bool = True
+    # "llama.cpp": the chain on llama.cpp, on `model` exported to GGUF of `gguf_type` (or a .gguf
+    # `model` itself), its expert operation timed through ggml (`chain.llama_inputs`)
+    backend: str = "torch"
+    gguf_type: str = "q8_0"
+    threads: int | None = None
+    # on llama.cpp, the chain at batch size B after B = 1's (`chain.batch_chain.BatchKnobs`; torch stays at B = 1)
+    batch: dict = field(default_factory=lambda: dict(sizes=(1, 2, 4), max_k=3, acceptances=(0.5, 0.7, 0.9, 0.95),
+                                                     prompt_tokens=64, new_tokens=32, reps=2, trace_tokens=4096))
+
+    def __post_init__(self):
+        if self.trace_tokens < 16:
+            raise ValueError(f"trace_tokens={self.trace_tokens}; trace at least 16 tokens")
+        if self.backend not in ("torch", "llama.cpp"):
+            raise ValueError(f"backend={self.backend!r}; choose 'torch' or 'llama.cpp'")
+        if self.backend == "llama.cpp" and self.routing is not None:
+            raise ValueError("routing replay runs on the torch backend; the llama.cpp chain runs the file's own routers")
+
+    @property
+    def llama(self) -> bool:
+        return self.backend == "llama.cpp"
+
+    def measure_knobs(self) -> dict[str, Any]:
+        """`measure` as the measure step takes it: on llama.cpp one kernel, llama.cpp's grouped mul_mat_id."""
+        return {**self.measure, "kernels": (DEDUP,), "oracle_kernels": (DEDUP,)} if self.llama else dict(self.measure)
+
+    @property
+    def times_ops_between_passes(self) -> bool:
+        """Whether the verify phase times the characterized layers' operation between its passes
+        (torch only: llama.cpp's chain has no verified windows)."""
+        return self.ops_between_passes and not self.llama
+
+    @classmethod
+    def demo(cls, **overrides) -> "DemoConfig":
+        return cls(**overrides)
+
+    @classmethod
+    def full_protocol(cls, **overrides) -> "DemoConfig":
+        paper = dict(trace_tokens=65536, characterize=dict(layers=(0, "mid")), measure={}, full=True)
+        return cls(**{**paper, **overrides})
+
+    @classmethod
+    def smoke(cls, **overrides) -> "DemoConfig":
+        """Seconds on a *-tiny preset: n <= 3, k <= 2, depth 16; checks the plumbing, not the figures.
+        Medians of 5 after a warm-up keep a slow call out of every time."""
+        tiny = dict(model="synthetic:olmoe-tiny", trace_tokens=200,
+                    characterize=dict(layers=(0,), reps=5, warmup=1, u_points=2, windows=2, n=range(1, 4)),
+                    measure=dict(depths=(16,), ns=range(1, 4), reps=6, ks=(0, 1, 2), new_tokens=6, scaling_ns=(),
+                                 flush=False),
+                    batch=dict(sizes=(1, 2), max_k=2, acceptances=(0.5, 0.9), prompt_tokens=16, new_tokens=8, reps=1,
+                               trace_tokens=512))
+        return cls(**{**tiny, **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def demo_setup(out_dir: str | Path, *, model: str | None = None, backend: str | None = None, smoke: bool = False,
+               full: bool = False, layers: int | None = None, routing: str | None = None, gguf_type: str | None = None,
+               threads: int | None = None, measure: dict | None = None) -> tuple[DemoConfig, Path]:
+    """The config and run folder `moespec demo`'s options name. A .gguf model is the model: the chain
+    runs it on llama.cpp in `out_dir` (at smoke settings with `smoke`); another model runs on torch in
+    `out_dir`, or with backend "llama.cpp" exported to GGUF (`gguf_type`, default q8_0) in
+    `out_dir`/llama.cpp, beside the torch run it is reported with. `measure` overrides knobs of the
+    measurement (oracle_reps, reps)."""
+    from moespec.models.gguf import is_gguf
+
+    if smoke and full:
+        raise ValueError("--smoke and --full exclude each other")
+    gguf = model is not None and is_gguf(model)
+    backend = backend or ("llama.cpp" if gguf else "torch")
+    if backend not in ("torch", "llama.cpp"):
+        raise ValueError(f"backend {backend!r}: choose torch or llama.cpp")
+    if gguf and backend == "torch":
+        raise ValueError(f"{model} is a GGUF file: its chain runs on llama.cpp, the engine that decodes it (drop "
+                         "--backend torch); for the torch chain give the transformers checkpoint it was made from")
+    if gguf and (layers is not None or gguf_type is not None):
+        raise ValueError(f"--layers and --gguf-type shape a model moespec builds or exports; {model} is used as it is")
+    if backend == "llama.cpp":
+        from moespec.backends import llama_lib
+        from moespec.models.gguf_export import FTYPES
+
+        if routing is not None:
+            raise ValueError("--routing replays routing on the torch backend; the llama.cpp chain runs the file's own "
+                             "routers")
+        if gguf_type is not None and gguf_type not in FTYPES:
+            raise ValueError(f"--gguf-type {gguf_type!r} is not one of {', '.join(FTYPES)}")
+        if not llama_lib.available():
+            raise ValueError(f"the chain on llama.cpp needs llama-cpp-python: {llama_lib.INSTALL_HINT}")
+    if smoke:  # olmoe-tiny has grouped-query attention, which llama.cpp's olmoe lacks: trained:olmoe there
+        config = DemoConfig.smoke(model=model or ("trained:olmoe" if backend == "llama.cpp" else "synthetic:olmoe-tiny"))
+    else:
+        make = DemoConfig.full_protocol if full else DemoConfig.demo
+        config = make(model=model or DemoConfig.model, layers=layers, routing=routing)
+    config = replace(config, backend=backend, gguf_type=gguf_type or DemoConfig.gguf_type,
+                     threads=threads if backend == "llama.cpp" else None,
+                     measure={**config.measure, **{k: v for k, v in (measure or {}).items() if v is not None}})
+    folder = Path(out_dir) / LLAMA_FOLDER if backend == "llama.cpp" and not gguf else Path(out_dir)
+    return config, folder
+
+
+CONTEXT_SLACK = 64  # positions beyond what the measurement's passes reach
+
+
+def phase_knobs(cfg: DemoConfig, base: bool, op_layers: tuple[int, ...] = ()) -> dict[str, Any]:
+    """The knobs of one measure phase (base or sweep) as `bench.measure` takes them."""
+    knobs = dict(cfg.measure_knobs(), op_layers=tuple(op_layers))
+    return base_knobs(knobs) if base else knobs
+
+
+def measure_config(cfg: DemoConfig):
+    """The sweep phase's `MeasureConfig` (the verified windows and the characterization's n read it)."""
+    from moespec.bench.measure import MeasureConfig
+
+    return MeasureConfig.preset(cfg.full, **cfg.measure_knobs())
+
+
+def llama_context(cfg: DemoConfig) -> int:
+    """llama.cpp's context for the demo's measurements: the positions both phases reach, so that the
+    KV cache is sized to the run, not to the file's trained context (a 16-layer OLMoE at 8192
+    positions holds 1 GB of cache)."""
+    from moespec.bench.measure import MeasureConfig
+
+    return CONTEXT_SLACK + max(MeasureConfig.preset(cfg.full, **phase_knobs(cfg, base)).positions
+                               for base in (True, False))
+
+
+def verified_length(cfg: DemoConfig) -> int:
+    """Tokens of each prompt's continuation that the verify passes read (`prompts.continuation_length`)."""
+    from moespec.texts import continuation_length
+
+    m = measure_config(cfg)
+    return continuation_length(m.reps, max(m.ns), m.stride)

@@ -1,0 +1,112 @@
+"""The one runner of a run folder (`chain.run_folder`): reuse, the peak memory each step records, one
+open instance of the model at a time, restart and stale settings."""
+
+import json
+
+import pytest
+
+from moespec import artifacts, run_files
+from moespec.chain.run_folder import HELD, OWN, Held, Runner, Step, move_aside, settings_changed
+
+
+class Model:
+    """A stand-in for a llama.cpp model: counts the instances open at once."""
+
+    open_now = 0
+    most = 0
+
+    def __init__(self):
+        Model.open_now += 1
+        Model.most = max(Model.most, Model.open_now)
+
+    def close(self):
+        Model.open_now -= 1
+
+
+def write_json(path, kind="characterize", **_):
+    artifacts.write(path, kind, {"x": 1})
+
+
+def own_work(path):
+    """A step that opens the file itself, as record_gguf_routing and the batch measurement do."""
+    m = Model()
+    try:
+        write_json(path)
+    finally:
+        m.close()
+
+
+def held_work(model, tokenizer, path):
+    assert isinstance(model, Model) and tokenizer == "tok"
+    write_json(path)
+
+
+def test_each_step_records_its_peak_memory_in_its_artifact_and_in_memory_json(tmp_path):
+    big = []
+
+    def allocate(path):
+        big.append(bytearray(64 << 20))  # 64 MiB of anonymous memory, touched
+        write_json(path)
+
+    runner = Runner(tmp_path, echo=lambda _: None)
+    runner.run([Step("a", tmp_path / "a.json", allocate, dict(path=tmp_path / "a.json")),
+                Step("b", tmp_path / "b.txt", lambda path: path.write_text("x"), dict(path=tmp_path / "b.txt"))])
+    assert runner.ran == ["a", "b"]
+    header = json.loads((tmp_path / "a.json").read_text())
+    assert header["payload"] == {"x": 1}  # the old fields kept
+    mem = header["memory"]
+    assert mem["anon_bytes"] >= 64 << 20 and mem["file_bytes"] > 0
+    steps = artifacts.load(tmp_path / run_files.MEMORY, "memory")["payload"]["steps"]
+    assert set(steps) == {"a", "b"} and steps["b"]["artifact"] == "b.txt"
+    assert steps["a"]["anon_bytes"] == mem["anon_bytes"]
+
+
+def test_a_finished_artifact_is_reused_and_records_nothing_new(tmp_path):
+    (tmp_path / "a.json").write_text("{}")
+    lines = []
+    runner = Runner(tmp_path, echo=lines.append)
+    runner.run([Step("a", tmp_path / "a.json", write_json, dict(path=tmp_path / "a.json"))])
+    assert runner.ran == [] and lines == [f"[a] reusing {tmp_path / 'a.json'}"]
+    assert not (tmp_path / run_files.MEMORY).exists()
+
+
+def test_the_chain_holds_one_instance_of_its_model_at_a_time(tmp_path):
+    Model.open_now = Model.most = 0
+    held = Held(lambda: (Model(), "tok"))
+    p = tmp_path.joinpath
+    steps = [Step("h1", p("h1.json"), held_work, dict(path=p("h1.json")), model=HELD),
+             Step("h2", p("h2.json"), held_work, dict(path=p("h2.json")), model=HELD),
+             Step("own", p("own.json"), own_work, dict(path=p("own.json")), model=OWN),
+             Step("h3", p("h3.json"), held_work, dict(path=p("h3.json")), model=HELD)]
+    Runner(tmp_path, echo=lambda _: None, held=held).run(steps)
+    held.release()
+    assert Model.most == 1  # the held model was closed before the step that opens its own
+    assert Model.open_now == 0
+
+
+def test_without_the_release_the_count_sees_two_instances(tmp_path):
+    """The check above can fail: a step that opens the file while the chain holds it counts two."""
+    Model.open_now = Model.most = 0
+    held = Held(lambda: (Model(), "tok"))
+    held.loaded()
+    own_work(tmp_path / "x.json")
+    assert Model.most == 2
+    held.release()
+
+
+def test_a_step_reading_a_missing_artifact_is_refused(tmp_path):
+    step = Step("p", tmp_path / "p.json", write_json, dict(path=tmp_path / "p.json"), reads=(tmp_path / "m.json",))
+    with pytest.raises(FileNotFoundError, match="m.json"):
+        Runner(tmp_path, echo=lambda _: None).run([step])
+    with pytest.raises(ValueError, match="model="):
+        Step("p", tmp_path / "p.json", write_json, model="mine")
+
+
+def test_restart_moves_files_aside_and_stale_settings_name_what_differs(tmp_path):
+    (tmp_path / "a.json").write_text("1")
+    (tmp_path / "b.json.old").write_text("2")
+    lines = []
+    assert move_aside([tmp_path / "a.json", tmp_path / "b.json.old", tmp_path / "c"], lines.append, tmp_path) == 1
+    assert (tmp_path / "a.json.old").read_text() == "1" and lines == [f"[restart] moved 1 file(s) of {tmp_path} to *.old"]
+    assert settings_changed({"reps": 6, "ns": [1, 2]}, {"reps": 8, "ns": range(1, 3), "new": 1}) == "reps 6, this run 8"
+    assert settings_changed({}, {"new": 1}, missing_differs=True) == "new None, this run 1"
