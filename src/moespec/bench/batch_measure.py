@@ -43,7 +43,8 @@ def probe(target, prompts: Sequence[Sequence[int]], refs, *, max_k: int, new_tok
 
     B, h, plain = len(prompts), [], []
     for k in range(max_k + 1):
-        draft = None if k == 0 else [OracleDraft(H_PROBE_ACCEPTANCE, seed=seed + 7919 + i, reference=refs[i])
+        draft = None if k == 0 else [OracleDraft(H_PROBE_ACCEPTANCE, seed=seed + 7919 + i, reference=refs[i],
+                                                 honour=True)
                                      for i in range(B)]
         batch = generate_batch(target, prompts, draft=draft, k=k, max_new_tokens=new_tokens, vocab_limit=limit)[0].batch
         full = [(r, p) for r, p, live in zip(batch.round_s, batch.pass_s, batch.live_per_round) if live == B]

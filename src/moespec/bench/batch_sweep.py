@@ -48,7 +48,7 @@ def sweep_batch(target, prompts: Sequence[Sequence[int]], B: int, *, max_k: int,
     rounds = {k: [] for k in range(max_k + 1)}
     for rep in range(reps):
         for k, a in cases[rep % len(cases):] + cases[: rep % len(cases)]:
-            draft = None if k == 0 else [OracleDraft(a, seed=seed + 1000 * rep + i, reference=refs[i])
+            draft = None if k == 0 else [OracleDraft(a, seed=seed + 1000 * rep + i, reference=refs[i], honour=True)
                                          for i in range(B)]
             batch = generate_batch(target, prompts[:B], draft=draft, k=k, max_new_tokens=max_new_tokens,
                                    vocab_limit=limit)[0].batch
