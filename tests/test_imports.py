@@ -42,6 +42,14 @@ TORCH_FREE = [
     "moespec.costmodel.verify_times",
     "moespec.moe.reuse",
     "moespec.moe.traces",
+    "moespec.costmodel.positional",
+    "moespec.costmodel.steadiness",
+    "moespec.artifact_schema",
+    "moespec.run_files",
+    "moespec.peak_memory",
+    "moespec.locking",
+    "moespec.chain.run_folder",
+    "moespec.backends.gguf_header",
 ]
 
 NO_TORCH = "loaded = {'torch', 'transformers'} & set(sys.modules); assert not loaded, loaded"
