@@ -26,8 +26,9 @@ from moespec.moe.experts import expert_views, find_experts
 from moespec.moe.traces import RoutingTrace, mean_union
 from moespec.pointlog import PointLog
 from moespec.provenance import trace_fingerprint
+from moespec.run_files import CHARACTERIZATION, KINDS
 
-KIND = "characterize"
+KIND = KINDS[CHARACTERIZATION]
 # Defaults sized for a full OLMoE-width characterization of two layers in < 10 min on 2 CPU cores.
 DEFAULT_REPS = 5
 DEFAULT_WARMUP = 1

@@ -36,8 +36,9 @@ from moespec.models.lineage import check_chain
 from moespec.moe.batch_union import batch_union, batch_union_uniform
 from moespec.moe.traces import RoutingTrace
 from moespec.provenance import trace_fingerprint
+from moespec.run_files import BATCH_PREDICTION, BATCH_SCORE, KINDS
 
-KIND, SCORE_KIND = "batch-predict", "batch-score"
+KIND, SCORE_KIND = KINDS[BATCH_PREDICTION], KINDS[BATCH_SCORE]
 VERSIONS = ("prediction", "timed")
 
 

@@ -33,8 +33,9 @@ from moespec.costmodel.predict import (ACCEPTANCE_GRID, VERSIONS, NonPositiveTim
 from moespec.kernel_names import COST_DEDUP, COST_KERNELS, COST_SLOT, SLOT, TO_ENGINE
 from moespec.moe.traces import RoutingTrace
 from moespec.provenance import trace_fingerprint
+from moespec.run_files import KINDS, PREDICTION
 
-KIND = "predict"
+KIND = KINDS[PREDICTION]
 # A characterization with ε >= 1/2 (fits off by half or more) still gives τ̂, Ŝ, the crossover and
 # k̂*, which do not depend on ε; the bounds (20)-(21) are then vacuous (δ >= 1), and at ε >= 1 so is
 # the band (18). The payload says so ("bounds_vacuous").

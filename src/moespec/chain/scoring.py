@@ -16,8 +16,9 @@ from moespec.costmodel.predict import Prediction
 from moespec.costmodel.score import Score, score
 from moespec.kernel_names import DEDUP, SLOT, TO_ENGINE
 from moespec.models.lineage import check_chain
+from moespec.run_files import KINDS, SCORE
 
-SCORE_KIND = "score"
+SCORE_KIND = KINDS[SCORE]
 
 
 def _oracle_entry(measurement: Mapping[str, Any], kernel: str, depth: int) -> dict:

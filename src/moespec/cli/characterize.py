@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from moespec import run_files
 from moespec.bench.characterize import (
     DEFAULT_REPS,
     DEFAULT_U_POINTS,
@@ -109,7 +110,7 @@ def characterize(
     flush_mib: int = typer.Option(None, "--flush-mib", callback=interval(1),
                                   help="cache-flush buffer (default: 2x LLC, >= 256 MiB)"),
     seed: int = typer.Option(0, "--seed", callback=interval(0)),
-    out: Path = typer.Option(Path("characterization.json"), "--out", callback=output_file,
+    out: Path = typer.Option(Path(run_files.CHARACTERIZATION), "--out", callback=output_file,
                              help="the characterize artifact"),
     restart: bool = typer.Option(False, "--restart", help="move a point log made under another provenance (model, "
                                  "fingerprint, dtype, traces, --seed, --u-points, --windows) to NAME.old, start afresh"),

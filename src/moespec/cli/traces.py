@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from moespec import artifacts
+from moespec import run_files
 from moespec.texts import PROMPT_COUNT
 from moespec.cli import checks
 from moespec.cli.app import app, cli_console
@@ -121,7 +122,7 @@ def trace_verified(
                              "measure`: repetition r verifies the window --stride x r tokens into the continuation"),
     stride: int = typer.Option(3, "--stride", callback=interval(0), help="tokens between two repetitions' windows, as "
                                "given to `moespec measure`"),
-    out: Path = typer.Option(Path("verified.parquet"), "--out", callback=output_file,
+    out: Path = typer.Option(Path(run_files.VERIFIED), "--out", callback=output_file,
                              help="the Parquet trace to write"),
     dtype: str = typer.Option("float32", callback=checks.dtype, help="model dtype (torch)"),
     seed: int = typer.Option(0, callback=interval(0), help="seed of a synthetic preset's weights"),

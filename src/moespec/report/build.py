@@ -146,7 +146,7 @@ def _both_backends(run_dir: Path, run: dict[str, Any]) -> Table | None:
     return backends_table(runs)
 
 
-def build_report(run_dir: str | Path, out: str | Path = "report.html") -> Path:
+def build_report(run_dir: str | Path, out: str | Path = run_files.REPORT) -> Path:
     """Write the HTML report of the run in `run_dir` to `out`, and beside it summary.txt (the answer,
     then every scored figure) and answer.txt; returns `out`."""
     run_dir = Path(run_dir)
