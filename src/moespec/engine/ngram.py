@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from moespec.engine.proposers import Proposal
+from moespec.engine.proposers import HostDrafter, Proposal
 from moespec.engine.sampling import Sampler
 
 MOD_POOL = 4 * 1024 * 1024  # entries of ngram-mod's hash table (speculative.cpp: mod(n_match, 4*1024*1024))
@@ -33,7 +33,7 @@ def check_range(flag: str, value: int, low: int, high: int = 1024) -> int:
     return value
 
 
-class NgramSimple:
+class NgramSimple(HostDrafter):
     """`--spec-type ngram-simple`: copy what followed the latest earlier occurrence of the last size_n tokens.
 
     The pattern is the context's last size_n tokens. It is searched in the cache (the context less
@@ -51,13 +51,6 @@ class NgramSimple:
         self.size_m = check_range("--spec-ngram-simple-size-m", size_m, 1)
         self.min_hits = check_range("--spec-ngram-simple-min-hits", min_hits, 1, 1 << 16)
 
-    @property
-    def cache(self) -> None:
-        return None
-
-    def begin(self, *, target, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
-        pass
-
     def propose(self, context: torch.Tensor, k: int) -> Proposal:
         n, m = self.size_n, self.size_m
         cached = context[:-1]  # [L - 1] llama.cpp's prompt; context[-1] is its id_last
@@ -74,9 +67,6 @@ class NgramSimple:
             return Proposal(context[:0])
         return Proposal(cached[start: start + min(copy, k)])
 
-    def commit(self, keep: int) -> None:
-        pass
-
     def identity(self) -> dict:
         """Its sizes: other sizes draft other tokens."""
         return {"proposer": type(self).__name__,
@@ -91,7 +81,7 @@ def mod_index(window: list[int]) -> int:
     return res % MOD_POOL
 
 
-class NgramMod:
+class NgramMod(HostDrafter):
     """`--spec-type ngram-mod`: chain lookups in a hashed pool of (n_match-gram -> next token).
 
     The pool maps the hash of each n_match-gram of the context (`mod_index`) to the token that last
@@ -115,10 +105,6 @@ class NgramMod:
     def _seq_state(self, i_last: int) -> None:
         self.i_last, self.n_draft_last, self.n_low = i_last, 0, 0
         self._proposed_at: int | None = None  # the context length of the last proposal awaiting commit
-
-    @property
-    def cache(self) -> None:
-        return None
 
     def reset(self) -> None:
         """Empty the pool (llama.cpp's common_ngram_mod::reset)."""

@@ -135,7 +135,22 @@ class DraftModel:
         return None if model is None else {"proposer": type(self).__name__, "options": {}, "draft": model}
 
 
-class PromptLookup:
+class HostDrafter:
+    """A proposer without a draft model (prompt lookup, llama.cpp's n-gram rules): no cache to keep,
+    nothing to set up per call nor to roll back; it drafts from the context alone, on the host."""
+
+    @property
+    def cache(self) -> None:
+        return None
+
+    def begin(self, *, target, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
+        pass
+
+    def commit(self, keep: int) -> None:
+        pass
+
+
+class PromptLookup(HostDrafter):
     """Copies the continuation of the latest earlier match of the context's last n tokens (one-hot q).
 
     Tries n-gram sizes n, n-1, ..., 1 and proposes nothing when no suffix recurs.
@@ -146,13 +161,6 @@ class PromptLookup:
             raise ValueError(f"PromptLookup needs an n-gram size >= 1, got {n}")
         self.n = n
 
-    @property
-    def cache(self) -> None:
-        return None
-
-    def begin(self, *, target, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
-        pass
-
     def propose(self, context: torch.Tensor, k: int) -> Proposal:
         L = context.shape[0]
         for n in range(min(self.n, L - 1), 0, -1):
@@ -162,9 +170,6 @@ class PromptLookup:
                 start = int(hits[-1]) + n
                 return Proposal(context[start: start + k])
         return Proposal(context[:0])
-
-    def commit(self, keep: int) -> None:
-        pass
 
     def identity(self) -> dict:
         """Its n-gram size: another n drafts other tokens, with an acceptance of its own."""
