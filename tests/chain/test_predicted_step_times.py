@@ -4,7 +4,7 @@
 import pytest
 
 from moespec import artifacts
-from moespec.chain.prediction import StepTimesNotFound, predicted_step_times, seed_step_times
+from moespec.chain.step_times import StepTimesNotFound, predicted_step_times, seed_step_times
 
 V = [0.010, 0.011, 0.013, 0.016]
 

@@ -143,7 +143,7 @@ def _prediction(path, V):
 
 
 def test_auto_k_seeded_from_a_prediction(tmp_path):
-    from moespec.chain.prediction import seed_step_times
+    from moespec.chain.step_times import seed_step_times
 
     pred = _prediction(tmp_path / "prediction.json", [0.010, 0.011, 0.012, 0.013])
     assert seed_step_times(pred, max_k=2) == [0.010, 0.011, 0.012]

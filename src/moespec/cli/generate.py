@@ -204,7 +204,8 @@ def _seeded_step_times(path: Path | None, k, max_k: int, *, read: bool, target: 
         return None
     if k != "auto":
         raise typer.BadParameter(f"--step-times-from seeds -k auto; got -k {k}")
-    from moespec.chain.prediction import KIND, payload_of, seed_step_times
+    from moespec.chain.prediction import KIND, payload_of
+    from moespec.chain.step_times import seed_step_times
     from moespec.models.lineage import check_chain, of_model
 
     check_chain({"the target": {"provenance": of_model(*target)}, str(path): payload_of(path, KIND)},

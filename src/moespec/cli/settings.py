@@ -20,7 +20,7 @@ from moespec.costmodel.settings import (
 )
 from moespec.kernel_names import COST_DEDUP
 
-# The option a `chain.prediction.StepTimesNotFound` names, by the argument it names.
+# The option a `chain.step_times.StepTimesNotFound` names, by the argument it names.
 PREDICTION_OPTIONS = {"path": "'--prediction'", "depth": "'--depth'", "version": "'--version'", "kernel": "'--kernel'"}
 VERSION_HELP = (f"prediction version, one of {VERSIONS} (default: {PREFERENCE[0]}, else the first of {PREFERENCE[1:]} "
                 "there)")
@@ -30,8 +30,8 @@ TIMED_HELP = "a GGUF target whose V_B(k) to time on llama.cpp at --batch-sizes (
 
 
 def _prediction_step_times(path: Path, version: str | None, kernel: str, depth: int | None) -> tuple[list, list, str]:
-    """(V in seconds, V in ms, where it came from) from a predict artifact (`chain.prediction.predicted_step_times`)."""
-    from moespec.chain.prediction import StepTimesNotFound, predicted_step_times
+    """(V in seconds, V in ms, where it came from) from a predict artifact (`chain.step_times.predicted_step_times`)."""
+    from moespec.chain.step_times import StepTimesNotFound, predicted_step_times
 
     try:
         read = predicted_step_times(path, kernel=kernel, version=version, depth=depth)
