@@ -110,3 +110,40 @@ def test_restart_moves_files_aside_and_stale_settings_name_what_differs(tmp_path
     assert (tmp_path / "a.json.old").read_text() == "1" and lines == [f"[restart] moved 1 file(s) of {tmp_path} to *.old"]
     assert settings_changed({"reps": 6, "ns": [1, 2]}, {"reps": 8, "ns": range(1, 3), "new": 1}) == "reps 6, this run 8"
     assert settings_changed({}, {"new": 1}, missing_differs=True) == "new None, this run 1"
+
+
+def test_a_folder_one_chain_holds_refuses_a_second_and_an_interrupt_says_how_to_resume(tmp_path):
+    """A second `demo` in the same folder died on the first one's .partial file, naming nothing; a
+    SIGINT ended a demo with no word on resuming."""
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from moespec.chain.run_folder import holding
+    from moespec.cli.main import app
+
+    said = []
+    with holding(tmp_path, "moespec demo --out-dir X", said.append):
+        with pytest.raises(ValueError, match=f"another moespec run is working in {tmp_path}.*another --out-dir"):
+            with holding(tmp_path, "moespec demo --out-dir X"):
+                pass
+    with pytest.raises(KeyboardInterrupt):
+        with holding(tmp_path, "moespec demo --out-dir X", said.append):
+            raise KeyboardInterrupt
+    assert "interrupted: the finished steps are kept" in said[-1] and "run `moespec demo --out-dir X` again" in said[-1]
+    with holding(tmp_path, "moespec demo --out-dir X"):  # released after the interrupt
+        pass
+    # another process holding the folder: the CLI refuses before any step, naming it
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from pathlib import Path; from moespec.chain.run_folder import holding\n"
+        f"with holding(Path({str(tmp_path)!r}), 'x'):\n    print('held', flush=True); sys.stdin.readline()")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["demo", "--smoke", "--out-dir", str(tmp_path)])
+    finally:
+        holder.communicate("\n", timeout=60)
+    words = " ".join(r.output.replace("│", " ").split())
+    assert r.exit_code == 2 and f"another moespec run is working in {tmp_path}" in words and "Traceback" not in words
+    assert not (tmp_path / run_files.TRACES).exists()

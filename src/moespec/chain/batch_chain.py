@@ -145,12 +145,13 @@ def run_batch_chain(gguf: str | Path, out: Path, knobs: BatchKnobs, *, restart: 
                     echo: Callable[[str], None] = print) -> tuple[dict, dict]:
     """`moespec batch`: every step into `out` (finished artifacts reused; `restart` first sets the
     folder's batch artifacts aside as *.old); returns (the prediction's payload, the score's)."""
-    from moespec.chain.run_folder import Runner, move_aside
+    from moespec.chain.run_folder import Runner, holding, move_aside
 
     out.mkdir(parents=True, exist_ok=True)
-    if restart:
-        move_aside([*out.glob("batch-*"), out / FIGURE])
-    Runner(out, echo).run(batch_steps(gguf, out, knobs, progress=progress, echo=echo))
+    with holding(out, f"moespec batch --out-dir {out}", echo):
+        if restart:
+            move_aside([*out.glob("batch-*"), out / FIGURE])
+        Runner(out, echo).run(batch_steps(gguf, out, knobs, progress=progress, echo=echo))
     return (artifacts.load(out / PREDICTION, KINDS[PREDICTION])["payload"],
             artifacts.load(out / SCORE, KINDS[SCORE])["payload"])
 

@@ -17,7 +17,7 @@ from moespec import artifacts
 from moespec.chain import demo_steps as work
 from moespec.chain.demo_config import (DemoConfig, demo_setup, llama_context, measure_config, phase_knobs,
                                        verified_length)
-from moespec.chain.run_folder import (HELD, OWN, Held, Runner, Step, check_folder, drop, move_aside,
+from moespec.chain.run_folder import (HELD, OWN, Held, Runner, Step, check_folder, drop, holding, move_aside,
                                       run_folder_files, settings_changed)
 from moespec.run_files import (ANSWER, CHARACTERIZATION, KINDS, MEASUREMENT, MEASUREMENT_BASE, POINTS, PREDICTION,
                                REPORT, SCORE, SUMMARY, TRACES, TRAINED_ROUTING, VERIFIED)
@@ -240,17 +240,18 @@ def run_demo(
         config = DemoConfig.full_protocol(model=model) if full else DemoConfig.demo(model=model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if restart:
-        move_aside(run_folder_files(out), echo, out)
-    target = resolve_target(config, out)
-    held = Held(_loader(config, target, out))
-    runner = Runner(out, echo, held)
-    try:
-        runner.run(input_steps(config, target, out))
-        _check_model(config, target, out, held)
-        _steps(config, target, runner, progress)
-    finally:
-        held.release()  # the report needs no model
+    with holding(out, f"moespec demo --out-dir {out}", echo):
+        if restart:
+            move_aside(run_folder_files(out), echo, out)
+        target = resolve_target(config, out)
+        held = Held(_loader(config, target, out))
+        runner = Runner(out, echo, held)
+        try:
+            runner.run(input_steps(config, target, out))
+            _check_model(config, target, out, held)
+            _steps(config, target, runner, progress)
+        finally:
+            held.release()  # the report needs no model
     t0 = time.perf_counter()
     report = build_report(out, out=out / REPORT)
     summary = (out / SUMMARY).read_text(encoding="utf-8")

@@ -11,14 +11,16 @@ are `run_files`'.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from moespec import artifacts, run_files
+from moespec.locking import exclusive
 from moespec.peak_memory import PeakMemory
 
 HELD, OWN = "held", "own"  # a step that runs on the chain's loaded model / opens the model file itself
@@ -100,6 +102,22 @@ class Runner:
         self.ran.append(step.name)
         record_memory(self.out, step, peak.record())
         self.echo(f"[{step.name}] done in {self.seconds[step.name]:.0f} s -> {step.writes}")
+
+
+@contextlib.contextmanager
+def holding(out: Path, command: str, echo: Callable[[str], None] = print) -> Iterator[None]:
+    """The run folder `out` for one chain at a time (a lock the process holds, gone with it): a second
+    chain is refused in one line naming the folder; an interrupted one says how to resume."""
+    with exclusive(out / run_files.RUN_LOCK, wait=False) as held:
+        if not held:
+            raise ValueError(f"another moespec run is working in {out} (it holds {run_files.RUN_LOCK}.lock); wait "
+                             f"for it to end, or give this run another --out-dir")
+        try:
+            yield
+        except KeyboardInterrupt:
+            echo(f"\ninterrupted: the finished steps are kept in {out}; run `{command}` again to resume from them "
+                 "(--restart starts over)")
+            raise
 
 
 def record_memory(out: Path, step: Step, peak: dict) -> None:
