@@ -8,6 +8,7 @@ loses at most the point it was measuring and resumes by skipping the keys alread
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -17,7 +18,7 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from moespec.artifact_schema import check as check_fields
 
@@ -91,8 +92,10 @@ def machine_info() -> dict:
     return info
 
 
-def write(path: str | Path, kind: str, payload: Any, *, machine: dict | None = None) -> Path:
-    """Write an artifact of `kind` with the standard header around `payload`."""
+def write(path: str | Path, kind: str, payload: Any, *, machine: dict | None = None,
+          parents: Sequence[str | Path] = ()) -> Path:
+    """Write an artifact of `kind` with the standard header around `payload`; `parents`, the files it
+    was made from, go in the header with their digests (`parents_of`, `changed_parents`)."""
     if machine is None:
         machine = machine_info()
     doc = {
@@ -103,7 +106,35 @@ def write(path: str | Path, kind: str, payload: Any, *, machine: dict | None = N
         "machine": machine,
         "payload": payload,
     }
+    if parents:
+        doc["parents"] = parents_of(path, parents)
     return dump_json(path, doc)
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes (its first 16 hex digits): which file an artifact was made from."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def parents_of(child: str | Path, parents) -> dict[str, str]:
+    """{path of each parent relative to the child's folder: `file_digest`}: the header's "parents"."""
+    return {os.path.relpath(p, Path(child).parent): file_digest(p) for p in parents}
+
+
+def changed_parents(path: str | Path) -> list[str]:
+    """The parents an artifact's header names ("parents": {path relative to its folder: digest}) that
+    are gone or hold other bytes now: a child made from them is stale. [] when it names none."""
+    path = Path(path)
+    try:
+        parents = json.loads(path.read_text(encoding="utf-8")).get("parents") or {}
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [name for name, digest in parents.items()
+            if not (path.parent / name).exists() or file_digest(path.parent / name) != digest]
 
 
 def kind_of(path: str | Path) -> str | None:

@@ -147,3 +147,30 @@ def test_a_folder_one_chain_holds_refuses_a_second_and_an_interrupt_says_how_to_
     words = " ".join(r.output.replace("│", " ").split())
     assert r.exit_code == 2 and f"another moespec run is working in {tmp_path}" in words and "Traceback" not in words
     assert not (tmp_path / run_files.TRACES).exists()
+
+
+def test_a_child_made_from_another_parent_is_made_again(tmp_path):
+    """A child artifact names its parents' digests; replacing a parent makes the child stale: the runner
+    makes it again (it used to reuse a score paired with another prediction)."""
+    parent, child = tmp_path / "a.json", tmp_path / "b.json"
+    made = []
+
+    def make_child(path):
+        made.append(artifacts.load(parent, "characterize")["payload"]["x"])
+        write_json(path)
+
+    def steps():
+        return [Step("a", parent, write_json, {"path": parent}),
+                Step("b", child, make_child, {"path": child}, reads=(parent,))]
+
+    said = []
+    Runner(tmp_path, said.append).run(steps())
+    assert artifacts.changed_parents(child) == [] and made == [1]
+    assert json.loads(child.read_text())["parents"] == {"a.json": artifacts.file_digest(parent)}
+    Runner(tmp_path, said.append).run(steps())
+    assert made == [1] and "[b] reusing" in said[-1]
+    artifacts.write(parent, "characterize", {"x": 2})  # another parent in the folder
+    assert artifacts.changed_parents(child) == ["a.json"]
+    Runner(tmp_path, said.append).run(steps())
+    assert made == [1, 2] and any("b.json was made from another a.json: making it again" in s for s in said)
+    assert (tmp_path / ("b.json" + run_files.OLD)).exists() and artifacts.changed_parents(child) == []

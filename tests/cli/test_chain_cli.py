@@ -123,3 +123,24 @@ def test_a_table_keeps_its_rows_whole_when_the_output_is_piped(tmp_path, monkeyp
     assert "k̂*(a) on the grid (dedup)" in header and "best predicted speedup" in header
     rows = [line for line in result.output.splitlines() if "prediction" in line and "│" in line]
     assert rows and max(len(line) for line in result.output.splitlines()) > 80  # wider than rich's default
+
+
+def test_a_score_names_what_it_scored_and_the_report_refuses_it_beside_another_prediction(tmp_path):
+    char, trace, meas = known_inputs(tmp_path)
+    pred, score = tmp_path / "prediction.json", tmp_path / "score.json"
+    run = CliRunner(env={"COLUMNS": "300"})
+    args = ["--characterization", str(char), "--traces", str(trace), "--measurement", str(meas)]
+    assert run.invoke(app, ["predict", *args, "--out", str(pred)]).exit_code == 0
+    doc = artifacts.load(pred, "predict")
+    assert set(doc["parents"]) == {"c.json", "t.parquet", "m.json"}
+    # a score made from this prediction, its parents named as `moespec score` and the runner name them
+    sweep = tmp_path / "measurement.json"
+    artifacts.write(sweep, "measure", artifacts.load(meas, "measure")["payload"])
+    artifacts.write(score, "score", {"depths": []}, parents=(pred, sweep))
+    assert set(artifacts.load(score, "score")["parents"]) == {"prediction.json", "measurement.json"}
+    assert artifacts.changed_parents(score) == []
+    artifacts.write(pred, "predict", {**doc["payload"], "model": "replaced"})  # another prediction in the folder
+    assert artifacts.changed_parents(score) == ["prediction.json"]
+    r = run.invoke(app, ["report", "--dir", str(tmp_path), "--out", str(tmp_path / "r.html")])
+    words = " ".join(r.output.replace("│", " ").split())
+    assert r.exit_code != 0 and "score.json was made from another prediction.json" in words, words

@@ -82,8 +82,12 @@ class Runner:
     def step(self, step: Step) -> None:
         """Run `step` unless its artifact exists; log it, its time and its peak memory."""
         if step.writes.exists():
-            self.echo(f"[{step.name}] reusing {step.writes}")
-            return
+            stale = artifacts.changed_parents(step.writes)
+            if not stale:
+                self.echo(f"[{step.name}] reusing {step.writes}")
+                return
+            self.echo(f"[{step.name}] {step.writes.name} was made from another {', '.join(stale)}: making it again")
+            move_aside([step.writes])
         missing = [p for p in step.reads if not p.exists()]
         if missing:
             raise FileNotFoundError(f"step {step.name} reads {', '.join(map(str, missing))}: run the steps before it")
@@ -100,7 +104,7 @@ class Runner:
             step.work(**args)
         self.seconds[step.name] = time.perf_counter() - t0
         self.ran.append(step.name)
-        record_memory(self.out, step, peak.record())
+        record_memory(self.out, step, peak.record(), parents=artifacts.parents_of(step.writes, step.reads))
         self.echo(f"[{step.name}] done in {self.seconds[step.name]:.0f} s -> {step.writes}")
 
 
@@ -120,12 +124,15 @@ def holding(out: Path, command: str, echo: Callable[[str], None] = print) -> Ite
             raise
 
 
-def record_memory(out: Path, step: Step, peak: dict) -> None:
-    """The step's peak memory as a "memory" field of its artifact's header (JSON artifacts) and under
-    its name in the folder's memory.json."""
+def record_memory(out: Path, step: Step, peak: dict, parents: dict[str, str] | None = None) -> None:
+    """The step's peak memory as a "memory" field of its artifact's header (JSON artifacts), with the
+    files it was made from ("parents": name -> `artifacts.file_digest`, so a changed parent makes it
+    stale), and under its name in the folder's memory.json."""
     if step.writes.suffix == ".json" and artifacts.kind_of(step.writes) is not None:
         doc = artifacts.load(step.writes, artifacts.kind_of(step.writes))
         doc["memory"] = peak
+        if parents:
+            doc["parents"] = parents
         artifacts.dump_json(step.writes, doc)
     path = out / run_files.MEMORY
     steps = artifacts.load(path, "memory")["payload"]["steps"] if path.exists() else {}

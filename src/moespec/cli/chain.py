@@ -58,10 +58,10 @@ def _exit_if_empty(console: Console, payload: dict, done: str) -> None:
     raise typer.Exit(1)
 
 
-def _write_versions(make, table, done: str | None, kind: str | None, out: Path) -> dict:
+def _write_versions(make, table, done: str | None, kind: str | None, out: Path, parents: tuple = ()) -> dict:
     """make() the payload (its errors as the command's), print its table, exit 1 when no version was
     `done` (None: a batch payload, which has no versions to lack), else write the `kind` artifact to
-    `out` (None: make() wrote it)."""
+    `out` (None: make() wrote it), naming the files it was made from (`parents`)."""
     try:
         payload = make()
     except (ValueError, FileNotFoundError) as e:
@@ -71,7 +71,7 @@ def _write_versions(make, table, done: str | None, kind: str | None, out: Path) 
     if done is not None:
         _exit_if_empty(console, payload, done)
     if kind is not None:
-        artifacts.write(out, kind, payload)
+        artifacts.write(out, kind, payload, parents=parents)
     console.print(f"wrote {out}")
     return payload
 
@@ -98,11 +98,11 @@ def predict_command(
 
         sources = {"characterization": str(characterization), "traces": str(traces), "measurement": str(measurement)}
         _write_versions(lambda: predict_batch(characterization, traces, measurement, sources=sources),
-                        prediction_table, None, BATCH_KIND, out)
+                        prediction_table, None, BATCH_KIND, out, parents=(characterization, traces, measurement))
         return
     sources = {"characterization": str(characterization), "traces": str(traces), "measurement_base": str(measurement)}
     _write_versions(lambda: predict_all(characterization, traces, measurement, sources=sources), _prediction_table,
-                    "predicted", KIND, out)
+                    "predicted", KIND, out, parents=(characterization, traces, measurement))
 
 
 @app.command("score")
@@ -132,7 +132,7 @@ def score_command(
         cli_console().print(f"wrote {figure}: k̂*(a, B) against a, one line per B")
         return
     _write_versions(lambda: score_all(prediction, measurement, kernel=kernel), _score_table,
-                    "scored", SCORE_KIND, out)
+                    "scored", SCORE_KIND, out, parents=(prediction, measurement))
 
 
 @app.command("report")

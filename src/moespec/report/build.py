@@ -29,10 +29,16 @@ FILES = {"traces": run_files.TRACES, "characterization": run_files.CHARACTERIZAT
 
 
 def _load_run(run_dir: Path) -> dict[str, Any]:
+    """The folder's artifacts; refused when one was made from a file that has changed since (a score
+    beside another prediction than the one it scored)."""
     got: dict[str, Any] = {}
     for name, file in FILES.items():
         path = run_dir / file
         if path.exists():
+            stale = artifacts.changed_parents(path)
+            if stale:
+                raise ValueError(f"{path} was made from another {', '.join(stale)} than the one in {run_dir}; "
+                                 f"rerun `moespec demo --out-dir {run_dir}` to make it again from these")
             got[name] = path if name == "traces" else artifacts.load(path, run_files.KINDS[file])["payload"]
     return got
 
