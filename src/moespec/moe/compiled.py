@@ -243,23 +243,22 @@ def _run(experts, hidden_states, top_k_index, top_k_weights, dedup: bool) -> tor
     return out.to(hidden_states.dtype)
 
 
-def compiled_dedup(
-    experts: torch.nn.Module,
-    hidden_states: torch.Tensor,  # [T, H]
-    top_k_index: torch.Tensor,  # [T, m]
-    top_k_weights: torch.Tensor,  # [T, m]
-) -> torch.Tensor:  # [T, H]
-    """Each distinct expert read once for all its tokens (requests Ub); else `kernels.dedup`."""
-    out = _run(experts, hidden_states, top_k_index, top_k_weights, dedup=True)
-    return kernels.dedup(experts, hidden_states, top_k_index, top_k_weights) if out is None else out
+def _with_fallback(dedup: bool, fallback, name: str, doc: str):
+    """The compiled kernel (dedup or per slot) as an experts function (transformers' signature:
+    experts, hidden_states [T, H], top_k_index [T, m], top_k_weights [T, m] -> [T, H]), the torch
+    kernel `fallback` where the extension does not run."""
+    def run(experts: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+            top_k_weights: torch.Tensor) -> torch.Tensor:
+        out = _run(experts, hidden_states, top_k_index, top_k_weights, dedup=dedup)
+        return fallback(experts, hidden_states, top_k_index, top_k_weights) if out is None else out
+
+    run.__name__ = run.__qualname__ = name
+    run.__doc__ = doc
+    return run
 
 
-def compiled_slot(
-    experts: torch.nn.Module,
-    hidden_states: torch.Tensor,  # [T, H]
-    top_k_index: torch.Tensor,  # [T, m]
-    top_k_weights: torch.Tensor,  # [T, m]
-) -> torch.Tensor:  # [T, H]
-    """One expert read per slot, token by token (requests nmb); else `kernels.per_slot`."""
-    out = _run(experts, hidden_states, top_k_index, top_k_weights, dedup=False)
-    return kernels.per_slot(experts, hidden_states, top_k_index, top_k_weights) if out is None else out
+compiled_dedup = _with_fallback(True, kernels.dedup, "compiled_dedup",
+                                "Each distinct expert read once for all its tokens (requests Ub); "
+                                "else `kernels.dedup`.")
+compiled_slot = _with_fallback(False, kernels.per_slot, "compiled_slot",
+                               "One expert read per slot, token by token (requests nmb); else `kernels.per_slot`.")

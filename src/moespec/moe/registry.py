@@ -99,26 +99,24 @@ def dispatch(experts: torch.nn.Module, n: int) -> str:
     return COST_DEDUP if (c is not None and n >= c) or n > LONGEST_VERIFY_PASS else COST_SLOT
 
 
-def auto(
-    experts: torch.nn.Module,
-    hidden_states: torch.Tensor,  # [T, H]
-    top_k_index: torch.Tensor,  # [T, m]
-    top_k_weights: torch.Tensor,  # [T, m]
-) -> torch.Tensor:  # [T, H]
-    """Compiled per-slot below the crossover, compiled dedup from it on; T is the pass size n."""
-    fn = compiled_dedup if dispatch(experts, hidden_states.shape[0]) == COST_DEDUP else compiled_slot
-    return fn(experts, hidden_states, top_k_index, top_k_weights)
+def by_crossover(dedup_kernel: str, slot_kernel: str, name: str, doc: str):
+    """An experts function (transformers' signature: experts, hidden_states [T, H], top_k_index [T, m],
+    top_k_weights [T, m] -> [T, H]) running this module's `slot_kernel` below the crossover and its
+    `dedup_kernel` from it on; T is the pass size n (`dispatch`). The kernels are looked up by name at
+    each call, as a function body would, so a patched kernel is the one that runs."""
+    def run(experts: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+            top_k_weights: torch.Tensor) -> torch.Tensor:
+        chosen = dedup_kernel if dispatch(experts, hidden_states.shape[0]) == COST_DEDUP else slot_kernel
+        return globals()[chosen](experts, hidden_states, top_k_index, top_k_weights)
+
+    run.__name__ = run.__qualname__ = name
+    run.__doc__ = doc
+    return run
 
 
-def torch_auto(
-    experts: torch.nn.Module,
-    hidden_states: torch.Tensor,  # [T, H]
-    top_k_index: torch.Tensor,  # [T, m]
-    top_k_weights: torch.Tensor,  # [T, m]
-) -> torch.Tensor:  # [T, H]
-    """`auto` on the torch kernels."""
-    fn = dedup if dispatch(experts, hidden_states.shape[0]) == COST_DEDUP else per_slot
-    return fn(experts, hidden_states, top_k_index, top_k_weights)
+auto = by_crossover("compiled_dedup", "compiled_slot", "auto",
+                    "Compiled per-slot below the crossover, compiled dedup from it on; T is the pass size n.")
+torch_auto = by_crossover("dedup", "per_slot", "torch_auto", "`auto` on the torch kernels.")
 
 
 IMPLEMENTATIONS = {SLOT: compiled_slot, DEDUP: compiled_dedup, AUTO: auto,
