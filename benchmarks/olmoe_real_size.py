@@ -130,6 +130,12 @@ def prepare(folder: Path, f16: Path, out: Path, make, kind: str, threads: int, k
     return seconds
 
 
+def step_memory(run_dir: Path) -> dict:
+    """Each step's peak resident memory, anonymous and file-backed apart, as the runner recorded it
+    (the folder's memory.json; the llama.cpp chain's batch steps included)."""
+    return json.loads((run_dir / "memory.json").read_text())["payload"]["steps"]
+
+
 def run_chain(gguf_path: Path, out_dir: Path, threads: int) -> dict:
     """`moespec demo --model FILE.gguf` in a subprocess: its wall time, peak memory and exit code."""
     cmd = [sys.executable, "-m", "moespec.cli.main", "demo", "--model", str(gguf_path), "--out-dir", str(out_dir),
@@ -214,6 +220,7 @@ def main() -> None:
         result["chain"] = run_chain(q4, run_dir, args.threads)
         result["scores"] = chain_scores(run_dir)
         result["routing"] = routing_reuse(run_dir / "traces.parquet")
+        result["steps_memory"] = step_memory(run_dir)
     if "plain" in args.parts:
         result["plain"] = plain_speed(q4, args.threads, args.plain_reps)
     if "chain" in result and "plain" in result:

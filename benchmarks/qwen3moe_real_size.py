@@ -11,7 +11,7 @@ quantizer to q8_0; each step skipped when its output exists, under ~/.cache/moes
 
     python benchmarks/qwen3moe_real_size.py --out benchmarks/results/qwen3moe_real_size/qwen3moe_real_size.json
 
-Recorded: the chain's wall time and peak memory, the score lines of every version, and per oracle cell
+Recorded: the chain's wall time and peak memory, each step's peak (anonymous and file-backed apart), the score lines of every version, and per oracle cell
 its set and realized acceptance, the tested drafts and the interval (`costmodel.sweep_cells.acceptance_check`).
 """
 
@@ -116,10 +116,16 @@ def main() -> None:
     result["scores"] = olmoe.chain_scores(run_dir)
     result["oracle"] = cells = oracle_cells(run_dir)
     result["score_lines"] = score_lines(run_dir)
+    result["steps_memory"] = steps = olmoe.step_memory(run_dir)
+    limit = result["file"]["bytes"] + 2e9
     result["goals"] = {"every oracle cell within its interval": all(c["within"] for c in cells),
-                       "peak memory <= file + 2 GB": result["chain"]["peak_rss_bytes"] <= result["file"]["bytes"] + 2e9}
+                       "peak memory <= file + 2 GB": result["chain"]["peak_rss_bytes"] <= limit,
+                       "every step's peak <= file + 2 GB": all(s["anon_bytes"] + s["file_bytes"] <= limit
+                                                               for s in steps.values())}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
+    for name, m in steps.items():
+        print(f"  {name}: peak {m['anon_bytes'] / 1e9:.2f} GB anonymous + {m['file_bytes'] / 1e9:.2f} GB file-backed")
     for c in cells:
         print(f"  {c['kernel']} d={c['depth']} k={c['k']} a={c['a']:.2f}: realized {c['realized']:.3f} "
               f"of {c['tested']} tested, interval {c['interval']}, within {c['within']}")
