@@ -1,4 +1,5 @@
-"""One process at a time on a file: an advisory lock (`fcntl.flock`) on a `.lock` file beside it.
+"""One process at a time on a file or a folder: an advisory lock (`fcntl.flock`) on a `.lock` file
+beside a file, or on a folder itself (nothing is left in it).
 
 Used where several processes read, edit and replace one file (the warm start's store) and where a
 run folder must not be worked on by two chains at once. The lock goes with the process: a killed
@@ -25,11 +26,16 @@ def lock_path(path: Path) -> Path:
 
 @contextlib.contextmanager
 def exclusive(path: str | Path, *, wait: bool = True) -> Iterator[bool]:
-    """Hold `path`'s lock for the block; yields True when held. With `wait=False` a lock another
-    process holds is not waited for: the block runs with False, so the caller can say who holds it."""
-    lock = lock_path(Path(path))
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    """Hold `path`'s lock (a folder's own, a file's `lock_path`) for the block; yields True when held.
+    With `wait=False` a lock another process holds is not waited for: the block runs with False, so
+    the caller can say who holds it."""
+    path = Path(path)
+    if path.is_dir():
+        fd = os.open(path, os.O_RDONLY)
+    else:
+        lock = lock_path(path)
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if fcntl is None:
             yield True

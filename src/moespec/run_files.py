@@ -31,7 +31,6 @@ ANSWER = "answer.txt"  # the answer alone (`report.answer`), also the head of su
 MEMORY = "memory.json"
 LLAMA_FOLDER = "llama.cpp"  # where `moespec demo --backend llama.cpp` runs, inside the torch run folder
 
-RUN_LOCK = "moespec-run"  # held by the chain working in the folder: the file moespec-run.lock (`locking`)
 PARTIAL = ".partial"  # a half-written artifact, resumed by the step that writes it
 OLD = ".old"  # an artifact set aside by a restart
 

@@ -112,7 +112,7 @@ def torch_steps(config: DemoConfig, out: Path, progress: bool) -> list[Step]:
         Step("characterize", p(CHARACTERIZATION), work.characterize_model, dict(
             traces=p(TRACES), verified=None if timed_between else p(VERIFIED), path=p(CHARACTERIZATION),
             knobs=_characterize_knobs(config), seed=config.seed, spec=config.model, progress=progress),
-             reads=(p(TRACES), p(VERIFIED)), model=HELD)]
+             reads=(p(TRACES),) if timed_between else (p(TRACES), p(VERIFIED)), model=HELD)]
 
 
 def llama_steps(config: DemoConfig, target: Target, out: Path, progress: bool) -> list[Step]:

@@ -112,9 +112,9 @@ class Runner:
 def holding(out: Path, command: str, echo: Callable[[str], None] = print) -> Iterator[None]:
     """The run folder `out` for one chain at a time (a lock the process holds, gone with it): a second
     chain is refused in one line naming the folder; an interrupted one says how to resume."""
-    with exclusive(out / run_files.RUN_LOCK, wait=False) as held:
+    with exclusive(out, wait=False) as held:  # the folder's own lock: nothing is left in it
         if not held:
-            raise ValueError(f"another moespec run is working in {out} (it holds {run_files.RUN_LOCK}.lock); wait "
+            raise ValueError(f"another moespec run is working in {out} (it holds the folder's lock); wait "
                              f"for it to end, or give this run another --out-dir")
         try:
             yield
