@@ -54,10 +54,13 @@ def layer_tensors(l: int) -> dict[str, tuple[int, ...]]:
     out = {p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
            p + "self_attn.q_norm.weight": (H,), p + "self_attn.k_norm.weight": (H,), p + "mlp.gate.weight": (E, H)}
     out.update({p + f"self_attn.{x}_proj.weight": (H, H) for x in "qkvo"})
-    for e in range(E):
-        out.update({p + f"mlp.experts.{e}.gate_proj.weight": (F, H), p + f"mlp.experts.{e}.up_proj.weight": (F, H),
-                    p + f"mlp.experts.{e}.down_proj.weight": (H, F)})
-    return out
+    return {**out, **expert_tensors(p, E, F, H)}
+
+
+def expert_tensors(prefix: str, E: int, F: int, H: int) -> dict[str, tuple[int, ...]]:
+    """One layer's routed experts as transformers names them (gate and up [F, H], down [H, F]): name -> shape."""
+    return {f"{prefix}mlp.experts.{e}.{name}_proj.weight": shape
+            for e in range(E) for name, shape in (("gate", (F, H)), ("up", (F, H)), ("down", (H, F)))}
 
 
 def make_checkpoint(folder: Path, seed: int = 0) -> None:

@@ -43,10 +43,7 @@ def layer_tensors(l: int) -> dict[str, tuple[int, ...]]:
            p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,), p + "mlp.gate.weight": (E, H),
            p + "self_attn.q_proj.weight": (heads * d, H), p + "self_attn.k_proj.weight": (kv * d, H),
            p + "self_attn.v_proj.weight": (kv * d, H), p + "self_attn.o_proj.weight": (H, heads * d)}
-    for e in range(E):
-        out.update({p + f"mlp.experts.{e}.gate_proj.weight": (F, H), p + f"mlp.experts.{e}.up_proj.weight": (F, H),
-                    p + f"mlp.experts.{e}.down_proj.weight": (H, F)})
-    return out
+    return {**out, **olmoe.expert_tensors(p, E, F, H)}
 
 
 def make_checkpoint(folder: Path, seed: int = 0) -> None:
