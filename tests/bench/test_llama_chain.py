@@ -14,6 +14,9 @@ from moespec.moe.traces import RoutingTrace
 from moespec.chain.demo import DemoConfig, run_demo
 from tests.conftest import require_llama
 
+# the module's fixture is built once: its tests run in one pytest-xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("llama_chain")
+
 BATCH_STEPS = ("batch-trace", "batch-characterize", "batch-measure", "batch-predict", "batch-score")
 LLAMA_STEPS = ("export", "trace", "characterize", "measure-base", "predict", "measure-sweep", "score", *BATCH_STEPS)
 OPENED: dict = {}  # the most llama.cpp instances of one file open at once during the llama.cpp chain, and after it

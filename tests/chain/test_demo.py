@@ -12,6 +12,9 @@ from moespec.costmodel.predict import VERSIONS
 from moespec.chain.demo import DemoConfig, run_demo
 from moespec.provenance import ProvenanceMismatch
 
+# the module's fixture is built once: its tests run in one pytest-xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("demo")
+
 STEPS = ("trace", "trace-verified", "characterize", "measure-base", "predict", "measure-sweep", "score")
 
 

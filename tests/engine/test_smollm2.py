@@ -11,6 +11,9 @@ from moespec.checks.gate import run_level3
 from moespec.engine.proposers import PromptLookup
 from moespec.models import load
 
+# the module's fixture is built once: its tests run in one pytest-xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("smollm2")
+
 TOKENS = 32
 
 

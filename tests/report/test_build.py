@@ -13,6 +13,9 @@ import pytest
 from moespec.chain.demo import DemoConfig, run_demo
 from moespec.report.build import build_report
 
+# the module's fixture is built once: its tests run in one pytest-xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("build")
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):

@@ -17,7 +17,7 @@ that does not reach the largest pass is made again.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,10 @@ class BatchKnobs:
     reps: int = 3
     trace_tokens: int = 8192
     threads: int | None = None
+    # the characterization of the expert operation and dense products: n = 1..9 and every pass size
+    # B(k + 1), on these layers, repetitions, U points and windows (a smoke run times fewer)
+    characterize: dict = field(default_factory=lambda: dict(n=tuple(range(1, 10)), layers=(0, "mid"), reps=3,
+                                                            u_points=3, windows=2))
 
     def __post_init__(self):
         if self.new_tokens < self.max_k + 2:
@@ -66,7 +70,8 @@ def batch_steps(gguf: str | Path, out: Path, knobs: BatchKnobs, *, progress: boo
     from moespec.texts import default_corpus, spread
 
     p = out.joinpath
-    ns = sorted(set(range(1, 10)) | set(pass_sizes(knobs.sizes, knobs.max_k)))
+    timing = dict(knobs.characterize)
+    ns = sorted(set(timing.pop("n", range(1, 10))) | set(pass_sizes(knobs.sizes, knobs.max_k)))
     if p(CHARACTERIZATION).exists() and max(artifacts.load(p(CHARACTERIZATION), KINDS[CHARACTERIZATION])
                                             ["payload"]["n"]) < ns[-1]:
         echo(f"[batch-characterize] {CHARACTERIZATION} stops short of n = {ns[-1]}; characterizing again")
@@ -77,8 +82,8 @@ def batch_steps(gguf: str | Path, out: Path, knobs: BatchKnobs, *, progress: boo
             gguf=gguf, out=p(TRACES), texts=spread(default_corpus(), DOC_CHARS), tokens=knobs.trace_tokens,
             per_document=DOC_TOKENS, threads=knobs.threads), model=OWN),
         Step("batch-characterize", p(CHARACTERIZATION), characterize, dict(
-            model=str(gguf), traces=p(TRACES), n=ns, reps=3, u_points=3, windows=2, out=p(CHARACTERIZATION),
-            threads=knobs.threads, progress=progress), reads=(p(TRACES),), model=OWN),
+            model=str(gguf), traces=p(TRACES), n=ns, **timing, out=p(CHARACTERIZATION), threads=knobs.threads,
+            progress=progress), reads=(p(TRACES),), model=OWN),
         Step("batch-measure", p(MEASUREMENT), measure, dict(gguf=gguf, out=p(MEASUREMENT), knobs=knobs,
                                                              progress=progress), model=OWN),
         Step("batch-predict", p(PREDICTION), predict, dict(out=p(PREDICTION), characterization=p(CHARACTERIZATION),

@@ -11,6 +11,12 @@ from moespec.bench.measure_base import base_knobs
 from moespec.kernel_names import DEDUP
 from moespec.run_files import LLAMA_FOLDER
 
+# new tokens per prompt, the shipped prompts' length, sampling (greedy by default), draw seed, timings
+# of h(k) per k, and held-out repetitions per k (`chain.candidate_steps`)
+CANDIDATE_KNOBS = dict(new_tokens=48, prompt_tokens=128, temperature=0.0, top_p=None, seed=0, cost_reps=20,
+                       check_reps=3)
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     """The knobs of each step; `demo()` fits a 2-core CPU in minutes, `full_protocol()` is the paper's.
@@ -42,6 +48,11 @@ class DemoConfig:
     # on llama.cpp, the chain at batch size B after B = 1's (`chain.batch_chain.BatchKnobs`; torch stays at B = 1)
     batch: dict = field(default_factory=lambda: dict(sizes=(1, 2, 4), max_k=3, acceptances=(0.5, 0.7, 0.9, 0.95),
                                                      prompt_tokens=64, new_tokens=32, reps=2, trace_tokens=4096))
+    # the user's candidate drafts (`Candidate.to_dict()` each; `chain.candidate_steps`), the prompts
+    # file they are measured on (None: the shipped prompts) and the knobs of their steps
+    candidates: tuple = ()
+    prompts: str | None = None
+    candidate: dict = field(default_factory=lambda: dict(CANDIDATE_KNOBS))
 
     def __post_init__(self):
         if self.trace_tokens < 16:
@@ -83,21 +94,34 @@ class DemoConfig:
                     measure=dict(depths=(16,), ns=range(1, 4), reps=6, ks=(0, 1, 2), new_tokens=6, scaling_ns=(),
                                  flush=False),
                     batch=dict(sizes=(1, 2), max_k=2, acceptances=(0.5, 0.9), prompt_tokens=16, new_tokens=8, reps=1,
-                               trace_tokens=512))
+                               trace_tokens=512, characterize=dict(n=(1, 2, 3), layers=(0,), reps=3, u_points=2,
+                                                                   windows=2)),
+                    candidate=dict(CANDIDATE_KNOBS, new_tokens=8, prompt_tokens=24, cost_reps=3, check_reps=1))
         return cls(**{**tiny, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def candidate_knobs(self) -> dict[str, Any]:
+        """The candidates' steps' knobs, with kmax: the longest draft the prediction prices."""
+        from moespec.chain.candidate_steps import candidate_kmax
+
+        m = measure_config(self)
+        return {**CANDIDATE_KNOBS, **self.candidate, "kmax": candidate_kmax(m.ns, m.ks)}
+
 
 def demo_setup(out_dir: str | Path, *, model: str | None = None, backend: str | None = None, smoke: bool = False,
                full: bool = False, layers: int | None = None, routing: str | None = None, gguf_type: str | None = None,
-               threads: int | None = None, measure: dict | None = None) -> tuple[DemoConfig, Path]:
+               threads: int | None = None, measure: dict | None = None, drafts: tuple = (),
+               prompt_lookup: int | None = None, ngrams: tuple = (), prompts: str | Path | None = None,
+               candidate: dict | None = None) -> tuple[DemoConfig, Path]:
     """The config and run folder `moespec demo`'s options name. A .gguf model is the model: the chain
     runs it on llama.cpp in `out_dir` (at smoke settings with `smoke`); another model runs on torch in
     `out_dir`, or with backend "llama.cpp" exported to GGUF (`gguf_type`, default q8_0) in
     `out_dir`/llama.cpp, beside the torch run it is reported with. `measure` overrides knobs of the
-    measurement (oracle_reps, reps)."""
+    measurement (oracle_reps, reps); drafts, prompt_lookup and ngrams name the user's candidate
+    drafts, measured on `prompts` with the knobs in `candidate` (temperature, top_p, ...), all
+    checked here, before anything runs (`chain.candidate_steps`)."""
     from moespec.models.gguf import is_gguf
 
     if smoke and full:
@@ -129,9 +153,35 @@ def demo_setup(out_dir: str | Path, *, model: str | None = None, backend: str | 
         config = make(model=model or DemoConfig.model, layers=layers, routing=routing)
     config = replace(config, backend=backend, gguf_type=gguf_type or DemoConfig.gguf_type,
                      threads=threads if backend == "llama.cpp" else None,
-                     measure={**config.measure, **{k: v for k, v in (measure or {}).items() if v is not None}})
+                     measure={**config.measure, **{k: v for k, v in (measure or {}).items() if v is not None}},
+                     candidate={**config.candidate, **{k: v for k, v in (candidate or {}).items() if v is not None}})
+    config = with_candidates(config, drafts=drafts, prompt_lookup=prompt_lookup, ngrams=ngrams, prompts=prompts,
+                             target_gguf=model if gguf else None)
     folder = Path(out_dir) / LLAMA_FOLDER if backend == "llama.cpp" and not gguf else Path(out_dir)
     return config, folder
+
+
+def with_candidates(config: DemoConfig, *, drafts, prompt_lookup, ngrams, prompts, target_gguf) -> DemoConfig:
+    """The config with the user's candidates and prompts file, refused in one line before anything
+    runs: a draft llama.cpp would not pair with the target, an unreadable or empty prompts file, a
+    candidate that drafts nothing at the draft lengths the chain prices, sampling knobs out of range."""
+    from moespec.bench.candidate import read_prompts
+    from moespec.chain.candidates import Candidate, user_candidates
+
+    candidates = user_candidates(drafts=drafts, prompt_lookup=prompt_lookup, ngrams=ngrams, target_gguf=target_gguf)
+    if not candidates:
+        if prompts is not None:
+            raise ValueError("--prompts is read for your drafts; name one with --draft, --prompt-lookup or --ngram")
+        return config
+    if prompts is not None:
+        read_prompts(prompts)  # a missing, empty or malformed file: refused now, not after the chain
+    config = replace(config, candidates=candidates, prompts=None if prompts is None else str(prompts))
+    kmax = config.candidate_knobs()["kmax"]
+    for c in map(Candidate.from_dict, candidates):
+        if c.min_k > kmax:
+            raise ValueError(f"{c.name} drafts only at k >= {c.min_k}, and this chain prices k <= {kmax}; "
+                             f"give --ngram {c.kind}:{kmax} or smaller")
+    return config
 
 
 CONTEXT_SLACK = 64  # positions beyond what the measurement's passes reach
@@ -155,9 +205,13 @@ def llama_context(cfg: DemoConfig) -> int:
     KV cache is sized to the run, not to the file's trained context (a 16-layer OLMoE at 8192
     positions holds 1 GB of cache)."""
     from moespec.bench.measure import MeasureConfig
+    from moespec.chain.candidate_steps import MAX_PROMPT_TOKENS
 
-    return CONTEXT_SLACK + max(MeasureConfig.preset(cfg.full, **phase_knobs(cfg, base)).positions
-                               for base in (True, False))
+    measured = max(MeasureConfig.preset(cfg.full, **phase_knobs(cfg, base)).positions for base in (True, False))
+    if cfg.candidates:  # the candidates' prompts, their new tokens and a draft beyond them
+        knobs = cfg.candidate_knobs()
+        measured = max(measured, MAX_PROMPT_TOKENS + knobs["new_tokens"] + knobs["kmax"] + 1)
+    return CONTEXT_SLACK + measured
 
 
 def verified_length(cfg: DemoConfig) -> int:
