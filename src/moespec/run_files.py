@@ -24,6 +24,14 @@ BATCH_MEASUREMENT = "batch-measurement.json"
 BATCH_PREDICTION = "batch-prediction.json"
 BATCH_SCORE = "batch-score.json"
 SCHEDULE = "schedule.png"  # Figure 7
+# the user's candidate drafts (`chain.candidate_steps`): the prompts' two halves, each candidate's
+# calibration and held-out check (CANDIDATE + index + suffix), the answer over them and its score
+PROMPTS = "prompts.json"
+CANDIDATE = "candidate-"
+CALIBRATION_SUFFIX, CHECK_SUFFIX = "-calibration.json", "-check.json"
+CANDIDATES = "candidates.json"
+CANDIDATES_SCORE = "candidates-score.json"
+CANDIDATES_FIGURE = "candidates.png"  # predicted against measured speedup per candidate and k
 # the report (`report.build`) and the steps' peak memory (`chain.run_folder`)
 REPORT = "report.html"
 SUMMARY = "summary.txt"
@@ -37,7 +45,18 @@ OLD = ".old"  # an artifact set aside by a restart
 KINDS = {CHARACTERIZATION: "characterize", MEASUREMENT_BASE: "measure", MEASUREMENT: "measure",
          PREDICTION: "predict", SCORE: "score", BATCH_CHARACTERIZATION: "characterize",
          BATCH_MEASUREMENT: "batch-measure", BATCH_PREDICTION: "batch-predict", BATCH_SCORE: "batch-score",
-         MEMORY: "memory"}
+         MEMORY: "memory", PROMPTS: "prompts", CANDIDATES: "candidates", CANDIDATES_SCORE: "candidates-score"}
+CALIBRATION_KIND, CHECK_KIND = "candidate-calibration", "candidate-check"
 # the files a restart moves aside, with any point log (the routing a model replays and an export stay:
 # they are inputs of the model, not of this run)
-RESTARTED = (TRACES, VERIFIED, *KINDS, BATCH_TRACES, SCHEDULE, REPORT, SUMMARY, ANSWER)
+RESTARTED = (TRACES, VERIFIED, *KINDS, BATCH_TRACES, SCHEDULE, CANDIDATES_FIGURE, REPORT, SUMMARY, ANSWER)
+
+
+def calibration_file(index: int) -> str:
+    """The calibration of the candidate at `index` (its order on the command line)."""
+    return f"{CANDIDATE}{index}{CALIBRATION_SUFFIX}"
+
+
+def check_file(index: int) -> str:
+    """The held-out check of the candidate at `index`."""
+    return f"{CANDIDATE}{index}{CHECK_SUFFIX}"

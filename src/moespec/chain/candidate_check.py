@@ -18,14 +18,30 @@ from moespec.bench.timing import Timing
 from moespec.chain.candidate_answer import CandidatePrediction, answer_for
 from moespec.chain.candidates import Candidate, LoadedCandidate, load_candidate, prompt_ids
 from moespec.engine.decode import generate
+from moespec.engine.proposers import DraftModel
 from moespec.texts import vocab_limit
 
 NAMED_BEST_SLACK = 0.02  # the named candidate may measure up to 2% below the measured best (issue 50)
 
 
+class PrefilledDraft(DraftModel):
+    """A draft model fed the prompt in `begin`, outside `generate`'s clock: the check times decoding,
+    and the target's prefill is left out too (`PrefilledTarget`); a draft's prefill is once per request."""
+
+    def begin(self, *, target, prompt, max_new_tokens: int, sampler) -> None:
+        super().begin(target=target, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler)
+        if prompt.shape[0] > 1:
+            self.cache.extend(prompt[:-1], outputs=1)
+
+
+def untimed_prefill(proposer):
+    """The proposer, with a draft model's prompt fed before the clock starts (`PrefilledDraft`)."""
+    return PrefilledDraft(proposer.cache) if type(proposer) is DraftModel else proposer
+
+
 @dataclass(frozen=True)
 class HeldoutCheck:
-    """One candidate at every fixed k = 0..kmax on the held-out prompts, greedy.
+    """One candidate at every fixed k = 0..kmax on the held-out prompts.
 
     tokens: [kmax + 1] new tokens over all prompts; seconds: [kmax + 1] the sum over prompts of each
     prompt's median decode time over `reps`; throughput = tokens / seconds."""
@@ -69,13 +85,15 @@ class HeldoutCheck:
 
 
 def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, prompts: Sequence, *, kmax: int,
-                  new_tokens: int, reps: int = 3, seed: int = 0, warmup: int = 1,
-                  load: Callable[[str], tuple] | None = None) -> HeldoutCheck:
-    """Measured tokens/s of the candidate at k = 0..kmax on the held-out `prompts` (ids, texts or chats).
+                  new_tokens: int, reps: int = 3, seed: int = 0, warmup: int = 1, temperature: float = 0.0,
+                  top_p: float | None = None, load: Callable[[str], tuple] | None = None) -> HeldoutCheck:
+    """Measured tokens/s of the candidate at k = 0..kmax on the held-out `prompts` (ids, texts or chats),
+    greedy unless `temperature` (and `top_p`) sample as the calibration did.
 
     Every (rep, k) pass runs all prompts with one fresh proposer (a fresh n-gram pool, as a server
     starts); k runs ascending in even reps and descending in odd ones, so that drift on a shared
     machine spreads over every k. `warmup` untimed passes over the first prompt at each k come first.
+    Neither model's prefill is timed (`PrefilledTarget`, `PrefilledDraft`).
     """
     if reps < 1 or warmup < 0 or kmax < 1:
         raise ValueError(f"need reps >= 1 (got {reps}), warmup >= 0 (got {warmup}) and kmax >= 1 (got {kmax})")
@@ -85,17 +103,17 @@ def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, pro
     limit = vocab_limit(tokenizer)
 
     def run(i: int, k: int, proposer):
-        return generate(targets[i], ids[i], draft=proposer, k=k, max_new_tokens=new_tokens, temperature=0.0,
-                        seed=seed + i, vocab_limit=limit).stats
+        return generate(targets[i], ids[i], draft=proposer, k=k, max_new_tokens=new_tokens, temperature=temperature,
+                        top_p=top_p, seed=seed + i, vocab_limit=limit).stats
 
     for k in range(kmax + 1):
         for _ in range(warmup):
-            run(0, k, loaded.proposer(k) if k else None)
+            run(0, k, untimed_prefill(loaded.proposer(k)) if k else None)
     samples = [[[] for _ in ids] for _ in range(kmax + 1)]  # [k][prompt] -> seconds per rep
     tokens = [[0] * len(ids) for _ in range(kmax + 1)]
     for rep in range(reps):
         for k in (range(kmax + 1) if rep % 2 == 0 else range(kmax, -1, -1)):
-            proposer = loaded.proposer(k) if k else None
+            proposer = untimed_prefill(loaded.proposer(k)) if k else None
             for i in range(len(ids)):
                 stats = run(i, k, proposer)
                 samples[k][i].append(stats.total_s)

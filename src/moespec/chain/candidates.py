@@ -205,3 +205,33 @@ def calibrate(target, tokenizer, candidate: Candidate | LoadedCandidate, prompts
     cost = measure_draft_cost(timed, target=spec, context=ids[0], kmax=kmax, reps=cost_reps,
                               temperature=temperature, vocab_limit=limit)
     return CandidateCalibration(loaded.candidate, measured, cost)
+
+
+def parse_ngram(text: str) -> Candidate:
+    """`--ngram MODE[:N]`: llama.cpp's ngram-mod (N: its n-match) or ngram-simple (N: its size-n)."""
+    mode, _, n = text.partition(":")
+    if mode not in (NGRAM_MOD, NGRAM_SIMPLE):
+        raise ValueError(f"--ngram {text!r}: the modes moespec prices are {NGRAM_MOD} and {NGRAM_SIMPLE} "
+                         f"(optionally MODE:N, e.g. {NGRAM_MOD}:24)")
+    if n and not n.isdigit():
+        raise ValueError(f"--ngram {text!r}: N must be a whole number >= 1, e.g. {mode}:{DEFAULT_N[mode]}")
+    return Candidate(mode, n=int(n) if n else None)
+
+
+def user_candidates(*, drafts: Sequence[str] = (), prompt_lookup: int | None = None, ngrams: Sequence[str] = (),
+                    target_gguf: str | None = None) -> tuple[dict, ...]:
+    """The candidates `moespec demo` names (`Candidate.to_dict()` each), checked before anything is
+    timed: a draft of a GGUF target must be a GGUF file llama.cpp would pair with it (the vocabulary
+    rule, `bench.candidate.check_vocabulary`); the same candidate twice is refused."""
+    found = [Candidate(DRAFT, draft=str(d)) for d in drafts]
+    if target_gguf is not None:
+        for c in found:
+            check_vocabulary(target_gguf, c.draft)
+    if prompt_lookup is not None:
+        found.append(Candidate(LOOKUP, n=int(prompt_lookup)))
+    found += [parse_ngram(t) for t in ngrams]
+    names = [c.name for c in found]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"candidate {twice[0]!r} is given twice; name each draft once")
+    return tuple(c.to_dict() for c in found)

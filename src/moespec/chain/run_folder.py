@@ -152,7 +152,8 @@ def move_aside(paths: Iterable[Path], echo: Callable[[str], None] | None = None,
 
 def run_folder_files(out: Path) -> list[Path]:
     """What a restart of the run folder `out` moves aside: its artifacts, reports and point logs."""
-    return [*(out / n for n in run_files.RESTARTED), *out.glob("*.points.jsonl"), *out.glob("batch-*")]
+    return [*(out / n for n in run_files.RESTARTED), *out.glob("*.points.jsonl"), *out.glob("batch-*"),
+            *out.glob(run_files.CANDIDATE + "*")]
 
 
 def drop(out: Path, names: Iterable[str]) -> None:

@@ -16,6 +16,10 @@ from moespec.kernel_names import COST_DEDUP, COST_KERNELS
 from moespec.chain.demo import DemoConfig
 
 _DEMO_MEASURE = DemoConfig().measure  # the defaults the options' help quotes
+_DRAFT_HELP = "your draft model (a GGUF file beside a .gguf --model; repeat for several), priced on your prompts"
+_NGRAM_HELP = ("price llama.cpp's n-gram drafter MODE[:N]: ngram-mod (N: n-match, default 24) or ngram-simple "
+               "(N: size-n, default 12); repeatable")
+_PROMPTS_HELP = "your prompts: one per line, or JSONL chats (default: the shipped ones); half calibrate, half check"
 
 
 def _prediction_table(payload: dict) -> Table:
@@ -195,17 +199,28 @@ def demo_command(
                                             "q8_0 (default) or q4_k"),
     threads: Optional[int] = typer.Option(None, "--threads", callback=interval(1),
                                           help="llama.cpp's threads (default: all cores)"),
+    draft: Optional[list[str]] = typer.Option(None, "--draft", help=_DRAFT_HELP),
+    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", callback=interval(1),
+                                                help="price moespec's prompt lookup with n-grams of this size"),
+    ngram: Optional[list[str]] = typer.Option(None, "--ngram", help=_NGRAM_HELP),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help=_PROMPTS_HELP),
+    temperature: float = typer.Option(0.0, "--temperature", callback=interval(0.0), help="sampling of your drafts"),
+    top_p: Optional[float] = typer.Option(None, "--top-p", callback=interval(0.0, 1.0, lo_open=True),
+                                          help="nucleus sampling of your drafts' acceptance"),
 ) -> None:
     """The whole chain: trace → characterize → measure → predict → sweep → score → report, ending with
     the answer: does speculation pay on this model and machine, from which acceptance, at which draft
-    length, with which settings, and how far to trust it."""
+    length, with which settings, and how far to trust it. With --draft, --prompt-lookup or --ngram:
+    the answer for those drafts on your --prompts, checked on the half of them it never read."""
     from moespec.chain.demo import demo_setup, run_demo
 
     console = cli_console()
     try:
         config, out_dir = demo_setup(out_dir, model=model, backend=backend, smoke=smoke, full=full, layers=layers,
                                      routing=routing, gguf_type=gguf_type, threads=threads,
-                                     measure={"oracle_reps": oracle_reps, "reps": verify_reps})
+                                     measure={"oracle_reps": oracle_reps, "reps": verify_reps},
+                                     drafts=draft or (), prompt_lookup=prompt_lookup, ngrams=ngram or (),
+                                     prompts=prompts, candidate={"temperature": temperature, "top_p": top_p})
         run_demo(out_dir, config=config, progress=not smoke, restart=restart,
                  echo=lambda text: console.print(text, markup=False, highlight=False))
     except (ValueError, FileNotFoundError) as e:

@@ -43,6 +43,31 @@ def _load_run(run_dir: Path) -> dict[str, Any]:
     return got
 
 
+def _candidates(run_dir: Path) -> dict[str, Any]:
+    """The user's drafts' artifacts (`chain.candidate_steps`), where the run priced them."""
+    got = {}
+    for name, file in (("prompts", run_files.PROMPTS), ("candidates", run_files.CANDIDATES),
+                       ("candidates_score", run_files.CANDIDATES_SCORE)):
+        path = run_dir / file
+        if path.exists():
+            if artifacts.changed_parents(path):
+                continue  # made from other calibrations or checks: the next `moespec demo` remakes it
+            got[name] = artifacts.load(path, run_files.KINDS[file])["payload"]
+    return got
+
+
+def _candidate_blocks(mine: dict[str, Any]) -> tuple[list, list]:
+    """(the answer's blocks for the user's drafts, the report's table) when the run priced any."""
+    from moespec.report.candidates import answer_lines, candidates_table, score_lines
+
+    if "candidates" not in mine:
+        return [], []
+    words = answer_lines(mine["candidates"], mine.get("prompts"))
+    if "candidates_score" in mine:
+        words += score_lines(mine["candidates_score"])
+    return words, [candidates_table(mine["candidates"], mine.get("candidates_score"))]
+
+
 def _ms(x: float | None) -> str:
     return "—" if x is None else f"{1e3 * x:.2f}"
 
@@ -170,15 +195,24 @@ def build_report(run_dir: str | Path, out: str | Path = run_files.REPORT) -> Pat
     sides = _both_backends(run_dir, run)
     if sides is not None:
         summary.insert(0, sides)
-    answer = answer_blocks(run)
+    mine = _candidates(run_dir)
+    drafts, drafts_table = _candidate_blocks(mine)
+    answer = drafts + answer_blocks(run)
     (out.parent / SUMMARY).write_text(as_text(answer + summary), encoding="utf-8")
     (out.parent / ANSWER).write_text(as_text(answer), encoding="utf-8")
     sections = [Section("The answer", answer or ["nothing predicted yet"]),
                 Section("Summary", summary or ["nothing predicted or scored yet"])]
     with tempfile.TemporaryDirectory() as tmp:
-        sections.append(Section("Figures", _figures(run, Path(tmp))))
+        shown = _figures(run, Path(tmp))
+        if "candidates" in mine:
+            from moespec.report.candidates import plot_candidates
+
+            shown.append(Figure("Figure 8: your drafts, predicted speedup per draft length (lines) and measured on "
+                                "the held-out prompts (dots)", plot_candidates(
+                                    mine["candidates"], mine.get("candidates_score"), Path(tmp) / "fig8.png")))
+        sections.append(Section("Figures", shown))
         tables = ([_table1(run["characterization"])] if "characterization" in run else []) + _score_tables(run)
-        tables += [batch_table] if batch_table is not None else []
+        tables += ([batch_table] if batch_table is not None else []) + drafts_table
         sections.append(Section("Tables", tables or ["no scored measurement yet"]))
         model = run.get("prediction", {}).get("model") or run.get("measurement", {}).get("model") or str(run_dir)
         return render(f"moespec report: {model}", sections, out)

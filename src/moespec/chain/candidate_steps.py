@@ -1,0 +1,206 @@
+"""The user's candidate drafts as steps of `moespec demo` (issue 50), after the chain's prediction.
+
+1. prompts: the user's prompts (`--prompts FILE`) or the shipped ones, encoded and split into a
+   calibration and a held-out half (`bench.candidate.split_prompts`: by content, not by order);
+2. per candidate, its calibration on the calibration half only (`chain.candidates.calibrate`): the
+   acceptance by position α_1..α_kmax and its own cost h(k);
+3. the answer over the candidates (`chain.candidate_answer`): V̂(k) = τ̂(k+1) + ĥ(k) from the chain's
+   calibrated prediction, k̂*, the speedup and its band, the lines for llama-server, vLLM and SGLang;
+4. per candidate, the held-out check (`chain.candidate_check.check_heldout`): moespec's engine at
+   every fixed k = 0..kmax on prompts the calibration never read;
+5. the score: k̂* against the measured best k, the speedup error, the named best against the measured.
+
+Each step is reused when its artifact exists and was made from the same parents (`chain.run_folder`);
+a candidate or a setting changed on the command line remakes that candidate's artifacts only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from moespec import artifacts, run_files
+from moespec.chain.run_folder import HELD, Step, drop, settings_changed
+from moespec.kernel_names import COST_AUTO, COST_DEDUP
+
+MAX_PROMPT_TOKENS = 512  # a prompt longer than this is refused: the chain's context holds it and the draft
+
+
+def candidate_kmax(ns: Sequence[int], ks: Sequence[int]) -> int:
+    """The longest draft the candidates are priced at: the prediction's passes reach n = max(ns)
+    tokens (k = n - 1) and its h(k) reaches max(ks)."""
+    return max(1, min(max(ns) - 1, max(ks)))
+
+
+def default_prompts(tokenizer, prompt_tokens: int) -> list:
+    """The shipped prompts: the chat requests (`texts.chat_prompts`, edit and open) through the
+    tokenizer's chat template where it has one, else the six built-in texts cut to `prompt_tokens`."""
+    from moespec import texts
+
+    if getattr(tokenizer, "chat_template", None) is not None:
+        return [[{"role": "user", "content": r}] for kind in texts.CHAT_KINDS for r in texts.chat_prompts(kind)]
+    return texts.prompt_ids(tokenizer, prompt_tokens)
+
+
+def file_digest(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()[:16]
+
+
+def prompts_step(model, tokenizer, *, source: str | None, prompt_tokens: int, path: Path) -> None:
+    """prompts.json: every prompt's token ids and text, split into the calibration and held-out halves."""
+    from moespec.bench.candidate import read_prompts, split_prompts
+    from moespec.chain.candidates import prompt_ids
+
+    prompts = read_prompts(source) if source else default_prompts(tokenizer, prompt_tokens)
+    ids = prompt_ids(tokenizer, prompts)
+    for i, p in enumerate(ids, 1):
+        if not p:
+            raise ValueError(f"prompt {i} of {source or 'the shipped prompts'} encodes to no tokens; remove it")
+        if len(p) > MAX_PROMPT_TOKENS:
+            raise ValueError(f"prompt {i} of {source or 'the shipped prompts'} has {len(p)} tokens, over the "
+                             f"{MAX_PROMPT_TOKENS} the candidates' answer takes; shorten it")
+    calibration, heldout = split_prompts(ids)
+    decode = lambda half: [tokenizer.decode(p) for p in half]  # noqa: E731  llama.cpp's own runs take text
+    artifacts.write(path, run_files.KINDS[run_files.PROMPTS], {
+        "source": str(source) if source else "shipped", "digest": file_digest(source) if source else None,
+        "prompt_tokens": prompt_tokens, "calibration": calibration, "heldout": heldout,
+        "calibration_texts": decode(calibration), "heldout_texts": decode(heldout)})
+
+
+def draft_loader(threads: int | None, context: int | None):
+    """How a draft model is loaded: a GGUF file on llama.cpp at the chain's threads and context."""
+    def load(spec: str):
+        from moespec.models import load as load_model
+        from moespec.models.gguf import is_gguf
+
+        if is_gguf(spec):
+            return load_model(spec, backend="llama.cpp", threads=threads, n_ctx=context)
+        return load_model(spec)
+
+    return load
+
+
+def close_draft(loaded) -> None:
+    close = getattr(getattr(loaded, "model", None), "close", None)
+    if close is not None:
+        close()
+
+
+def calibrate_step(model, tokenizer, *, candidate: dict, prompts: Path, knobs: dict, target_file: str | None,
+                   threads: int | None, context: int | None, path: Path) -> None:
+    """One candidate's calibration on the calibration half: its acceptance by position and its h(k)."""
+    from moespec.chain.candidates import Candidate, calibrate, load_candidate
+
+    halves = artifacts.load(prompts, run_files.KINDS[run_files.PROMPTS])["payload"]
+    loaded = load_candidate(Candidate.from_dict(candidate), tokenizer=tokenizer, load=draft_loader(threads, context),
+                            target_file=target_file)
+    try:
+        cal = calibrate(model, tokenizer, loaded, halves["calibration"], kmax=knobs["kmax"],
+                        new_tokens=knobs["new_tokens"], temperature=knobs["temperature"], top_p=knobs["top_p"],
+                        seed=knobs["seed"], cost_reps=knobs["cost_reps"])
+    finally:
+        close_draft(loaded)
+    artifacts.write(path, run_files.CALIBRATION_KIND, {**cal.to_dict(), "settings": dict(knobs)})
+
+
+def check_step(model, tokenizer, *, candidate: dict, prompts: Path, knobs: dict, target_file: str | None,
+               threads: int | None, context: int | None, path: Path) -> None:
+    """One candidate at every fixed k = 0..kmax on the held-out half, timed by moespec's engine."""
+    from moespec.chain.candidate_check import check_heldout
+    from moespec.chain.candidates import Candidate, load_candidate
+
+    halves = artifacts.load(prompts, run_files.KINDS[run_files.PROMPTS])["payload"]
+    loaded = load_candidate(Candidate.from_dict(candidate), tokenizer=tokenizer, load=draft_loader(threads, context),
+                            target_file=target_file)
+    try:
+        check = check_heldout(model, tokenizer, loaded, halves["heldout"], kmax=knobs["kmax"],
+                              new_tokens=knobs["new_tokens"], reps=knobs["check_reps"], seed=knobs["seed"],
+                              temperature=knobs["temperature"], top_p=knobs["top_p"])
+    finally:
+        close_draft(loaded)
+    artifacts.write(path, run_files.CHECK_KIND, {**check.to_dict(), "settings": dict(knobs)})
+
+
+def answer_step(*, prediction: Path, calibrations: Sequence[Path], kernel: str, path: Path) -> None:
+    """candidates.json: each candidate's prediction and the answer over them."""
+    from moespec.chain.candidate_answer import answer_for, predict_candidate
+    from moespec.chain.candidates import CandidateCalibration
+
+    doc = artifacts.load(prediction, run_files.KINDS[run_files.PREDICTION])
+    preds = [predict_candidate(doc, CandidateCalibration.from_dict(
+        artifacts.load(c, run_files.CALIBRATION_KIND)["payload"]), kernel=kernel) for c in calibrations]
+    artifacts.write(path, run_files.KINDS[run_files.CANDIDATES],
+                    {"candidates": [p.to_dict() for p in preds], "answer": answer_for(preds).to_dict()})
+
+
+def score_step(*, candidates: Path, checks: Sequence[Path], path: Path) -> None:
+    """candidates-score.json: every candidate's k̂* and speedup against its held-out check."""
+    from moespec.chain.candidate_answer import CandidatePrediction
+    from moespec.chain.candidate_check import HeldoutCheck, score_candidates
+
+    preds = [CandidatePrediction.from_dict(d) for d in
+             artifacts.load(candidates, run_files.KINDS[run_files.CANDIDATES])["payload"]["candidates"]]
+    held = [HeldoutCheck.from_dict(artifacts.load(c, run_files.CHECK_KIND)["payload"]) for c in checks]
+    score = score_candidates(preds, held)
+    artifacts.write(path, run_files.KINDS[run_files.CANDIDATES_SCORE],
+                    {**score.to_dict(), "checks": [h.to_dict() for h in held]})
+
+
+def drop_changed(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any], source: str | None,
+                 echo) -> None:
+    """Remove what was made for another prompts file, candidate list or setting than this run's (the
+    runner then makes it again; what was made from it is remade as its parents changed)."""
+    p = out.joinpath
+    if p(run_files.PROMPTS).exists():
+        got = artifacts.load(p(run_files.PROMPTS), run_files.KINDS[run_files.PROMPTS])["payload"]
+        want = {"source": str(source) if source else "shipped", "digest": file_digest(source) if source else None,
+                "prompt_tokens": knobs["prompt_tokens"]}
+        changed = settings_changed(got, want)
+        if changed:
+            echo(f"[prompts] {run_files.PROMPTS} was made with {changed}; splitting the prompts again")
+            drop(out, [run_files.PROMPTS])
+    names = [c["name"] for c in candidates]
+    for path in sorted(out.glob(f"{run_files.CANDIDATE}*.json")):
+        index, _, rest = path.name.removeprefix(run_files.CANDIDATE).partition("-")
+        kind = {run_files.CALIBRATION_SUFFIX: run_files.CALIBRATION_KIND,
+                run_files.CHECK_SUFFIX: run_files.CHECK_KIND}.get("-" + rest)
+        if kind is None or not index.isdigit():
+            continue
+        got = artifacts.load(path, kind)["payload"]
+        if int(index) >= len(names) or got["candidate"]["name"] != names[int(index)] or \
+                settings_changed(got.get("settings", {}), dict(knobs)):
+            echo(f"[candidates] {path.name} was made for another candidate or settings; making it again")
+            path.unlink()
+    if p(run_files.CANDIDATES).exists():
+        got = artifacts.load(p(run_files.CANDIDATES), run_files.KINDS[run_files.CANDIDATES])["payload"]
+        if [c["name"] for c in got["candidates"]] != names:
+            drop(out, [run_files.CANDIDATES, run_files.CANDIDATES_SCORE])
+
+
+def candidate_steps(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any], *, source: str | None,
+                    target_file: str | None, threads: int | None, context: int | None, llama: bool,
+                    echo=print) -> list[Step]:
+    """The steps of the module docstring for `candidates` (`Candidate.to_dict()` each) in `out`, after
+    its prediction. knobs: kmax, new_tokens, prompt_tokens, temperature, top_p, seed, cost_reps, check_reps."""
+    if not candidates:
+        return []
+    p, knobs = out.joinpath, dict(knobs)
+    drop_changed(out, candidates, knobs, source, echo)
+    prompts = p(run_files.PROMPTS)
+    common = dict(prompts=prompts, knobs=knobs, target_file=target_file, threads=threads, context=context)
+    cals = [p(run_files.calibration_file(i)) for i in range(len(candidates))]
+    checks = [p(run_files.check_file(i)) for i in range(len(candidates))]
+    steps = [Step("prompts", prompts, prompts_step, dict(source=source, prompt_tokens=knobs["prompt_tokens"],
+                                                           path=prompts), model=HELD)]
+    steps += [Step(f"calibrate {c['name']}", cal, calibrate_step, dict(common, candidate=c, path=cal),
+                   reads=(prompts,), model=HELD) for c, cal in zip(candidates, cals)]
+    steps.append(Step("candidates", p(run_files.CANDIDATES), answer_step, dict(
+        prediction=p(run_files.PREDICTION), calibrations=cals, kernel=COST_DEDUP if llama else COST_AUTO,
+        path=p(run_files.CANDIDATES)), reads=(p(run_files.PREDICTION), *cals)))
+    steps += [Step(f"check {c['name']}", chk, check_step, dict(common, candidate=c, path=chk), reads=(prompts,),
+                   model=HELD) for c, chk in zip(candidates, checks)]
+    steps.append(Step("candidates-score", p(run_files.CANDIDATES_SCORE), score_step, dict(
+        candidates=p(run_files.CANDIDATES), checks=checks, path=p(run_files.CANDIDATES_SCORE)),
+        reads=(p(run_files.CANDIDATES), *checks)))
+    return steps

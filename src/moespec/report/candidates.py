@@ -1,0 +1,100 @@
+"""The answer for the user's own drafts, in words, a table and a figure (`chain.candidate_steps`).
+
+Reads candidates.json (each candidate's prediction and the answer over them) and, once the held-out
+check ran, candidates-score.json. The words name the best candidate, its k̂* and speedup with its
+band and the lines for llama-server, vLLM and SGLang, or "decode plainly" with the best figure any
+candidate predicts; then how the answer held on the held-out prompts, each figure beside its goal
+(issue 50: k̂* within one, throughput lost <= 3%, speedup error <= 5%, the named best within 2%).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from moespec.report.html import Table
+from moespec.report.plotting import plt, save
+
+LOST_GOAL, SPEEDUP_GOAL = 0.03, 0.05
+
+
+def engine_lines(settings: dict) -> list[str]:
+    """One line per engine: the flags to paste."""
+    names = {"llama.cpp": "llama-server", "vllm": "vLLM", "sglang": "SGLang"}
+    return [f"  {names.get(e, e)}: {s['fragment']}" for e, s in settings.items()]
+
+
+def answer_lines(candidates: dict[str, Any], prompts: dict[str, Any] | None = None) -> list[str]:
+    """The answer for the candidates, in words, with the engines' lines when one pays."""
+    ans = candidates["answer"]
+    where = ""
+    if prompts is not None:
+        where = (f" on {'your prompts' if prompts['source'] != 'shipped' else 'the shipped prompts'} "
+                 f"({len(prompts['calibration'])} calibrate, {len(prompts['heldout'])} held out)")
+    names = ", ".join(ans["candidates"])
+    if ans["best"] is None:
+        return [f"Your drafts ({names}){where}: decode plainly. No candidate pays on this machine: the best "
+                f"drafting any of them predicts is {ans['best_drafting']:.2f}x plain decoding."]
+    best = next(c for c in candidates["candidates"] if c["name"] == ans["best"])
+    a = best["answer"]
+    band = f" (band {a['speedup_low']:.2f}x to {a['speedup_high']:.2f}x)" if a["speedup_high"] != float("inf") else ""
+    return [f"Your drafts ({names}){where}: the best is {ans['best']}, at draft length k = {ans['k_star']}, "
+            f"{ans['speedup']:.2f}x plain decoding{band}. Its settings:", *engine_lines(ans["settings"])]
+
+
+def score_lines(score: dict[str, Any]) -> list[str]:
+    """How the answer held on the held-out prompts, each figure beside its goal."""
+    s = score["scores"]
+    within = sum(x["within_one"] for x in s)
+    lost = max(x["throughput_lost"] for x in s)
+    err = max(abs(x["speedup_error"]) for x in s)
+    named = score["named"] or "decode plainly"
+    best = score["measured_best"] or "plain decoding"
+    return [f"Checked on the held-out prompts (out of sample), moespec's engine at every fixed k: k̂* within one of "
+            f"the measured best for {within} of {len(s)} candidates; throughput lost at k̂* at most {lost:.1%} "
+            f"(goal {LOST_GOAL:.0%}); predicted speedup off by at most {err:.1%} (goal {SPEEDUP_GOAL:.0%}). "
+            f"The answer named {named} ({score['named_speedup']:.2f}x measured at its best k); {best} measured "
+            f"best ({score['measured_best_speedup']:.2f}x): {'within' if score['named_ok'] else 'more than'} 2% "
+            "(goal: within 2%)."]
+
+
+def candidates_table(candidates: dict[str, Any], score: dict[str, Any] | None) -> Table:
+    """One row per candidate: its acceptance at positions 1-3, its own cost at k = 1, k̂*, the
+    predicted speedup, and (checked) the measured best k and the measured speedup at k̂*."""
+    by = {x["name"]: x for x in (score or {}).get("scores", [])}
+    rows = []
+    for c in candidates["candidates"]:
+        a, e = c["answer"], survival(c)
+        alpha = [x / y if y else 0.0 for x, y in zip(e[1:], e[:-1])][:3]
+        got = by.get(c["name"])
+        rows.append([c["name"], " ".join(f"{x:.2f}" for x in alpha), f"{c['h'][1] * 1e3:.2f}" if len(c["h"]) > 1
+                     else "-", a["k_star"], f"{a['speedup']:.2f}x",
+                     got["k_best"] if got else "-", f"{got['measured_speedup']:.2f}x" if got else "-"])
+    return Table("Table 10: your drafts, predicted from the calibration half and measured on the held-out half",
+                 ["candidate", "α by position", "ĥ(1) ms", "k̂*", "predicted", "measured best k", "measured at k̂*"],
+                 rows)
+
+
+def survival(candidate: dict[str, Any]) -> list[float]:
+    """Survival products of the positional acceptance, recovered from E(k): P(all of 1..k accepted)."""
+    e = [float(x) for x in candidate["answer"]["expected"]]
+    return [1.0] + [e[k] - e[k - 1] for k in range(1, len(e))]
+
+
+def plot_candidates(candidates: dict[str, Any], score: dict[str, Any] | None, path: str | Path) -> Path:
+    """Predicted speedup E(k) V̂(0)/V̂(k) per candidate and k (lines), the held-out measured speedup (dots)."""
+    checks = {c["candidate"]["name"]: c for c in (score or {}).get("checks", [])}
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for i, c in enumerate(candidates["candidates"]):
+        a = c["answer"]
+        V, E = [float(x) for x in a["step_times"]], [float(x) for x in a["expected"]]
+        ks = range(len(V))
+        color = f"C{i % 10}"
+        ax.plot(ks, [E[k] * V[0] / V[k] for k in ks], "-", color=color, label=f"{c['name']} predicted")
+        if c["name"] in checks:
+            ax.plot(ks, checks[c["name"]]["speedup"][: len(V)], "o", color=color, label=f"{c['name']} measured")
+    ax.axhline(1.0, color="gray", lw=0.8, ls=":")
+    ax.set_xlabel("draft length k")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.legend(fontsize=7)
+    return save(fig, path)

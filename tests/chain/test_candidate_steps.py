@@ -1,0 +1,137 @@
+"""The user's drafts in `moespec demo` (chain.candidate_steps) on the trained pair at smoke settings:
+the steps run after the prediction and are reused; the answer reads τ̂ of the run's own prediction
+and the calibration half only; the held-out check and its score; the words, table and figure; and
+every refusal before anything runs."""
+
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from moespec import artifacts
+from moespec.chain.candidates import Candidate
+from moespec.chain.demo import DemoConfig, demo_setup, run_demo
+from moespec.cli.main import app
+from tests.bench.test_candidate import WORDS, write_gguf
+
+# the module's fixture is built once: its tests run in one pytest-xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("candidate_steps")
+
+CANDIDATES = (Candidate("draft", draft="trained:draft").to_dict(), Candidate("prompt-lookup", n=2).to_dict(),
+              Candidate("ngram-mod", n=3).to_dict())
+STEPS = ("prompts", *(f"calibrate {c['name']}" for c in CANDIDATES), "candidates",
+         *(f"check {c['name']}" for c in CANDIDATES), "candidates-score")
+PROMPTS = ["The cat sat on the mat. The cat sat on the mat again.", "One two three, one two three, one two.",
+           "def f(x): return x + x + x", "A B C D A B C D A B", "Hello there. Hello there. Hello."]
+
+
+def payload(path):
+    return artifacts.load(path, artifacts.kind_of(path))["payload"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("drafts")
+    prompts = out / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    config = DemoConfig.smoke(model="trained:olmoe", candidates=CANDIDATES, prompts=str(prompts))
+    lines = []
+    result = run_demo(out / "run", config=config, progress=False, echo=lines.append)
+    return out / "run", result, config, lines
+
+
+def test_the_candidates_steps_run_after_the_prediction_and_are_reused(run, tmp_path):
+    original, result, config, _ = run
+    folder = shutil.copytree(original, tmp_path / "copy")  # the other tests read the original
+    ran = result.ran
+    assert ran[ran.index("score") + 1:] == STEPS
+    again = run_demo(folder, config=config, progress=False, echo=lambda _: None)
+    assert again.ran == ()  # every artifact reused
+    one_less = DemoConfig.smoke(model="trained:olmoe", candidates=CANDIDATES[:2], prompts=config.prompts)
+    third = run_demo(folder, config=one_less, progress=False, echo=lambda _: None)
+    assert third.ran == ("candidates", "candidates-score")  # the two kept candidates' steps reused
+    assert [c["name"] for c in payload(folder / "candidates.json")["candidates"]] == [c["name"] for c in
+                                                                                       CANDIDATES[:2]]
+
+
+def test_the_prompts_split_into_halves_the_calibration_alone_reads(run):
+    folder, _, config, _ = run
+    halves = payload(folder / "prompts.json")
+    assert len(halves["calibration"]) + len(halves["heldout"]) == len(PROMPTS)
+    assert not {tuple(p) for p in halves["calibration"]} & {tuple(p) for p in halves["heldout"]}
+    for i in range(3):
+        cal = payload(folder / f"candidate-{i}-calibration.json")
+        assert cal["half"] == "calibration" and cal["measured"]["prompts"] == len(halves["calibration"])
+        check = payload(folder / f"candidate-{i}-check.json")
+        assert check["half"] == "held-out" and check["prompts"] == len(halves["heldout"])
+        assert check["tokens"][0] == len(halves["heldout"]) * config.candidate["new_tokens"]
+
+
+def test_the_answer_reads_the_runs_prediction_and_each_candidates_cost(run):
+    folder, _, config, _ = run
+    tau = payload(folder / "prediction.json")["depths"][0]["versions"]["calibrated"]["tau"]["auto"]
+    kmax = config.candidate_knobs()["kmax"]
+    got = payload(folder / "candidates.json")
+    for c in got["candidates"]:
+        assert c["version"] == "calibrated" and c["tau"] == pytest.approx(tau[: kmax + 1])
+        # V̂(k) = τ̂(k + 1) + ĥ(k): the draft's own cost and the engine's overhead on top of the pass
+        assert c["answer"]["step_times"] == pytest.approx([t + h for t, h in zip(c["tau"], c["h"])])
+    costs = {c["name"]: c["h"][1] for c in got["candidates"]}
+    assert costs["trained:draft"] > costs["prompt-lookup n=2"]  # a draft model's step costs more than a lookup
+    best = got["answer"]
+    paying = [c for c in got["candidates"] if c["answer"]["k_star"] > 0]
+    if paying:
+        top = max(paying, key=lambda c: c["answer"]["speedup"])
+        assert best["best"] == top["name"] and best["k_star"] == top["answer"]["k_star"]
+    else:
+        assert best["best"] is None and best["verdict"] == "decode plainly"
+
+
+def test_the_score_sets_each_prediction_beside_its_held_out_check(run):
+    folder, _, _, _ = run
+    score = payload(folder / "candidates-score.json")
+    preds = {c["name"]: c for c in payload(folder / "candidates.json")["candidates"]}
+    for s, check in zip(score["scores"], score["checks"]):
+        assert s["k_hat"] == preds[s["name"]]["answer"]["k_star"]
+        assert s["k_best"] == max(range(len(check["speedup"])), key=lambda k: (check["speedup"][k], -k))
+        assert s["measured_speedup"] == pytest.approx(check["speedup"][s["k_hat"]])
+    assert score["out_of_sample"] is True
+
+
+def test_the_answer_words_table_and_figure(run):
+    folder, _, _, _ = run
+    answer = (folder / "answer.txt").read_text()
+    assert answer.startswith("Your drafts (trained:draft, prompt-lookup n=2, ngram-mod n=3 n-min=1) on your prompts")
+    assert "Checked on the held-out prompts (out of sample)" in answer
+    got = payload(folder / "candidates.json")["answer"]
+    if got["best"] is not None:
+        assert f"llama-server: {got['settings']['llama.cpp']['fragment']}" in answer.replace("\n", " ")
+    html = (folder / "report.html").read_text()
+    assert "Figure 8: your drafts" in html and "Table 10: your drafts" in html
+
+
+def test_refusals_come_before_anything_runs(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="is empty"):
+        demo_setup(tmp_path / "a", smoke=True, drafts=("trained:draft",), prompts=empty)
+    with pytest.raises(ValueError, match="--prompts is read for your drafts"):
+        demo_setup(tmp_path / "a", smoke=True, prompts=empty)
+    with pytest.raises(ValueError, match="drafts only at k >= 5, and this chain prices k <= 2"):
+        demo_setup(tmp_path / "a", smoke=True, ngrams=("ngram-simple:5",))
+    with pytest.raises(ValueError, match="the modes moespec prices are"):
+        demo_setup(tmp_path / "a", smoke=True, ngrams=("ngram-map",))
+    assert not (tmp_path / "a").exists()
+
+
+def test_the_cli_refuses_a_draft_llama_cpp_would_not_pair_in_one_line(tmp_path):
+    target = write_gguf(tmp_path / "t.gguf", WORDS)
+    other = write_gguf(tmp_path / "d.gguf", WORDS[:6] + ["x", "e"])
+    text = tmp_path / "d.bin"
+    text.write_text("not a model")
+    for draft, why in ((other, "id 6 is 'x' in the draft, 'd' in the target"), (text, "is not a GGUF file")):
+        got = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["demo", "--model", str(target), "--draft", str(draft),
+                                                             "--out-dir", str(tmp_path / "out")])
+        assert got.exit_code == 2 and isinstance(got.exception, SystemExit), got.output
+        assert why in " ".join(got.output.replace("│", " ").split()) and "Traceback" not in got.output
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
