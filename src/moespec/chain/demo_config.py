@@ -11,6 +11,9 @@ from moespec.bench.measure_base import base_knobs
 from moespec.kernel_names import DEDUP
 from moespec.run_files import LLAMA_FOLDER
 
+# a smoke run's cache flush between timings: it checks the plumbing, not the figures, and the full
+# flush (twice the LLC, >= 256 MiB: `bench.timing.CacheFlusher`) took most of a smoke characterization
+SMOKE_FLUSH_BYTES = 16 << 20
 # new tokens per prompt, the shipped prompts' length, sampling (greedy by default), draw seed, timings
 # of h(k) per k, and held-out repetitions per k (`chain.candidate_steps`)
 CANDIDATE_KNOBS = dict(new_tokens=48, prompt_tokens=128, temperature=0.0, top_p=None, seed=0, cost_reps=20,
@@ -90,12 +93,13 @@ class DemoConfig:
         """Seconds on a *-tiny preset: n <= 3, k <= 2, depth 16; checks the plumbing, not the figures.
         Medians of 5 after a warm-up keep a slow call out of every time."""
         tiny = dict(model="synthetic:olmoe-tiny", trace_tokens=200,
-                    characterize=dict(layers=(0,), reps=5, warmup=1, u_points=2, windows=2, n=range(1, 4)),
+                    characterize=dict(layers=(0,), reps=5, warmup=1, u_points=2, windows=2, n=range(1, 4),
+                                      flush_bytes=SMOKE_FLUSH_BYTES),
                     measure=dict(depths=(16,), ns=range(1, 4), reps=6, ks=(0, 1, 2), new_tokens=6, scaling_ns=(),
                                  flush=False),
                     batch=dict(sizes=(1, 2), max_k=2, acceptances=(0.5, 0.9), prompt_tokens=16, new_tokens=8, reps=1,
                                trace_tokens=512, characterize=dict(n=(1, 2, 3), layers=(0,), reps=3, u_points=2,
-                                                                   windows=2)),
+                                                                   windows=2, flush_bytes=SMOKE_FLUSH_BYTES)),
                     candidate=dict(CANDIDATE_KNOBS, new_tokens=8, prompt_tokens=24, cost_reps=3, check_reps=1))
         return cls(**{**tiny, **overrides})
 
