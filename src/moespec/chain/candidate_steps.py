@@ -122,16 +122,33 @@ def check_step(model, tokenizer, *, candidate: dict, prompts: Path, knobs: dict,
     artifacts.write(path, run_files.CHECK_KIND, {**check.to_dict(), "settings": dict(knobs)})
 
 
-def answer_step(*, prediction: Path, calibrations: Sequence[Path], kernel: str, path: Path) -> None:
-    """candidates.json: each candidate's prediction and the answer over them."""
+def answer_step(*, prediction: Path, calibrations: Sequence[Path], kernel: str, path: Path,
+                batch_prediction: Path | None = None) -> None:
+    """candidates.json: each candidate's prediction and the answer over them; with the batch chain's
+    prediction, each host drafter's k̂*(B) and vLLM's per-batch-size line (`chain.candidate_batch`)."""
     from moespec.chain.candidate_answer import answer_for, predict_candidate
     from moespec.chain.candidates import CandidateCalibration
 
     doc = artifacts.load(prediction, run_files.KINDS[run_files.PREDICTION])
-    preds = [predict_candidate(doc, CandidateCalibration.from_dict(
-        artifacts.load(c, run_files.CALIBRATION_KIND)["payload"]), kernel=kernel) for c in calibrations]
-    artifacts.write(path, run_files.KINDS[run_files.CANDIDATES],
-                    {"candidates": [p.to_dict() for p in preds], "answer": answer_for(preds).to_dict()})
+    cals = [CandidateCalibration.from_dict(artifacts.load(c, run_files.CALIBRATION_KIND)["payload"])
+            for c in calibrations]
+    preds = [predict_candidate(doc, cal, kernel=kernel) for cal in cals]
+    got = {"candidates": [p.to_dict() for p in preds], "answer": answer_for(preds).to_dict()}
+    if batch_prediction is not None and batch_prediction.exists():
+        got["batch"] = batch_answer(batch_prediction, cals)
+    artifacts.write(path, run_files.KINDS[run_files.CANDIDATES], got)
+
+
+def batch_answer(batch_prediction: Path, calibrations) -> dict:
+    """{name: the candidate's schedule and vLLM's line} at the batch chain's batch sizes."""
+    from moespec.chain.candidate_batch import candidate_schedule, schedule_settings
+
+    payload = artifacts.load(batch_prediction, run_files.KINDS[run_files.BATCH_PREDICTION])["payload"]
+    out = {}
+    for cal in calibrations:
+        schedule = candidate_schedule(payload, cal)
+        out[cal.candidate.name] = {**schedule, "vllm": schedule_settings(cal.candidate.to_dict(), schedule)}
+    return out
 
 
 def score_step(*, candidates: Path, checks: Sequence[Path], path: Path) -> None:
@@ -148,7 +165,7 @@ def score_step(*, candidates: Path, checks: Sequence[Path], path: Path) -> None:
 
 
 def drop_changed(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any], source: str | None,
-                 echo) -> None:
+                 echo, batch: bool = False) -> None:
     """Remove what was made for another prompts file, candidate list or setting than this run's (the
     runner then makes it again; what was made from it is remade as its parents changed)."""
     p = out.joinpath
@@ -174,19 +191,20 @@ def drop_changed(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any]
             path.unlink()
     if p(run_files.CANDIDATES).exists():
         got = artifacts.load(p(run_files.CANDIDATES), run_files.KINDS[run_files.CANDIDATES])["payload"]
-        if [c["name"] for c in got["candidates"]] != names:
+        if [c["name"] for c in got["candidates"]] != names or batch != ("batch" in got):
             drop(out, [run_files.CANDIDATES, run_files.CANDIDATES_SCORE])
 
 
 def candidate_steps(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any], *, source: str | None,
                     target_file: str | None, threads: int | None, context: int | None, llama: bool,
-                    echo=print) -> list[Step]:
+                    batch: bool = False, echo=print) -> list[Step]:
     """The steps of the module docstring for `candidates` (`Candidate.to_dict()` each) in `out`, after
-    its prediction. knobs: kmax, new_tokens, prompt_tokens, temperature, top_p, seed, cost_reps, check_reps."""
+    its prediction (and the batch chain's, with `batch`). knobs: kmax, new_tokens, prompt_tokens,
+    temperature, top_p, seed, cost_reps, check_reps."""
     if not candidates:
         return []
     p, knobs = out.joinpath, dict(knobs)
-    drop_changed(out, candidates, knobs, source, echo)
+    drop_changed(out, candidates, knobs, source, echo, batch)
     prompts = p(run_files.PROMPTS)
     common = dict(prompts=prompts, knobs=knobs, target_file=target_file, threads=threads, context=context)
     cals = [p(run_files.calibration_file(i)) for i in range(len(candidates))]
@@ -195,9 +213,11 @@ def candidate_steps(out: Path, candidates: Sequence[dict], knobs: Mapping[str, A
                                                            path=prompts), model=HELD)]
     steps += [Step(f"calibrate {c['name']}", cal, calibrate_step, dict(common, candidate=c, path=cal),
                    reads=(prompts,), model=HELD) for c, cal in zip(candidates, cals)]
+    batched = (p(run_files.BATCH_PREDICTION),) if batch else ()
     steps.append(Step("candidates", p(run_files.CANDIDATES), answer_step, dict(
         prediction=p(run_files.PREDICTION), calibrations=cals, kernel=COST_DEDUP if llama else COST_AUTO,
-        path=p(run_files.CANDIDATES)), reads=(p(run_files.PREDICTION), *cals)))
+        path=p(run_files.CANDIDATES), batch_prediction=batched[0] if batched else None),
+        reads=(p(run_files.PREDICTION), *batched, *cals)))
     steps += [Step(f"check {c['name']}", chk, check_step, dict(common, candidate=c, path=chk), reads=(prompts,),
                    model=HELD) for c, chk in zip(candidates, checks)]
     steps.append(Step("candidates-score", p(run_files.CANDIDATES_SCORE), score_step, dict(

@@ -210,18 +210,18 @@ def _steps(config: DemoConfig, target: Target, runner: Runner, progress: bool) -
             drop(out, (VERIFIED,))
     runner.run(llama_steps(config, target, out, progress) if config.llama else torch_steps(config, out, progress))
     runner.run(measure_steps(config, target, out, progress, echo))
-    if config.candidates:  # the user's drafts, priced from the prediction and checked on held-out prompts
-        from moespec.chain.candidate_steps import candidate_steps
-
-        runner.run(candidate_steps(out, config.candidates, config.candidate_knobs(), source=config.prompts,
-                                   target_file=str(target.gguf) if target.gguf else None,
-                                   threads=config.threads, context=llama_context(config) if config.llama else None,
-                                   llama=config.llama, echo=echo))
     if config.llama:  # the chain at batch size B (report: Figure 7, the schedule)
         from moespec.chain.batch_chain import BatchKnobs, batch_steps
 
         knobs = BatchKnobs(**{**config.batch, "threads": config.threads})
         runner.run(batch_steps(target.gguf, out, knobs, progress=progress, echo=echo))
+    if config.candidates:  # the user's drafts, priced from the predictions and checked on held-out prompts
+        from moespec.chain.candidate_steps import candidate_steps
+
+        runner.run(candidate_steps(out, config.candidates, config.candidate_knobs(), source=config.prompts,
+                                   target_file=str(target.gguf) if target.gguf else None,
+                                   threads=config.threads, context=llama_context(config) if config.llama else None,
+                                   llama=config.llama, batch=config.llama, echo=echo))
 
 
 def run_demo(

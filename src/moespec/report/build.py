@@ -58,11 +58,11 @@ def _candidates(run_dir: Path) -> dict[str, Any]:
 
 def _candidate_blocks(mine: dict[str, Any]) -> tuple[list, list]:
     """(the answer's blocks for the user's drafts, the report's table) when the run priced any."""
-    from moespec.report.candidates import answer_lines, candidates_table, score_lines
+    from moespec.report.candidates import answer_lines, batch_lines, candidates_table, score_lines
 
     if "candidates" not in mine:
         return [], []
-    words = answer_lines(mine["candidates"], mine.get("prompts"))
+    words = answer_lines(mine["candidates"], mine.get("prompts")) + batch_lines(mine["candidates"])
     if "candidates_score" in mine:
         words += score_lines(mine["candidates_score"])
     return words, [candidates_table(mine["candidates"], mine.get("candidates_score"))]

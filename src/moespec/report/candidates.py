@@ -42,6 +42,20 @@ def answer_lines(candidates: dict[str, Any], prompts: dict[str, Any] | None = No
             f"{ans['speedup']:.2f}x plain decoding{band}. Its settings:", *engine_lines(ans["settings"])]
 
 
+def batch_lines(candidates: dict[str, Any]) -> list[str]:
+    """Each candidate's k̂*(B) at the batch chain's batch sizes, and vLLM's per-batch-size line."""
+    lines = []
+    for name, s in candidates.get("batch", {}).items():
+        if "B" not in s:
+            lines.append(f"At batch size B, {name}: no schedule ({s['unavailable']}).")
+            continue
+        steps = ", ".join(f"k = {x['k_star']} at B = {B} ({x['speedup']:.2f}x)" for B, x in s["B"].items())
+        lines.append(f"At batch size B ({s['version']} of the batch chain), {name}: {steps}.")
+        if s.get("vllm") and s["vllm"]["speculate"]:
+            lines.append(f"  vLLM: {s['vllm']['fragment']}")
+    return lines
+
+
 def score_lines(score: dict[str, Any]) -> list[str]:
     """How the answer held on the held-out prompts, each figure beside its goal."""
     s = score["scores"]
