@@ -228,3 +228,29 @@ def test_concurrent_writers_of_several_sizes_lose_no_entry(store):
     assert [p.exitcode for p in procs] == [0] * PROCESSES
     keys = {json.dumps(e["key"], sort_keys=True) for e in json.loads(store.read_text())["entries"].values()}
     assert len(keys) == PROCESSES * SIZES
+
+
+def test_on_llama_cpp_the_store_keys_each_live_count_and_the_tokens_stay_plain(gguf_files, store):
+    """The exported trained pair under exact passes: a cold call and a warm one give each sequence its
+    plain tokens; the store holds the pair's entries per live count, keyed by the files."""
+    from moespec.backends.exact import exact_llama_environment
+    from moespec.backends.llama_batch import LlamaBatch
+    from moespec.models.tokenizer import ByteTokenizer
+    from tests.conftest import require_llama
+
+    require_llama()
+    exact_llama_environment()
+    tok = ByteTokenizer()
+    ps = [tok.encode(t, add_bos=True) for t in ("def area(r):\n    return ", "The river ran past the old mill")]
+    load = lambda name: LlamaBatch(gguf_files[name], sequences=2, threads=1, n_ctx=256, flash_attn=False,  # noqa: E731
+                                   exact=True)
+    target, draft = load("olmoe-q8_0"), load("draft-q8_0")
+    plain = [r.tokens for r in generate_batch(target, ps, k=0, max_new_tokens=24, vocab_limit=259)]
+    outs = [generate_batch(target, ps, draft=draft, k="auto", max_k=4, max_new_tokens=24, vocab_limit=259)
+            for _ in range(2)]
+    assert [[r.tokens for r in out] for out in outs] == [plain, plain]
+    entries = step_store.read_store(store).values()
+    assert {e["key"]["batch"] for e in entries} >= {2}
+    assert all(e["key"]["target"]["gguf"].endswith("olmoe-q8_0.gguf") and e["key"]["proposer"] == "BatchDraft"
+               and e["key"]["draft"]["gguf"].endswith("draft-q8_0.gguf") for e in entries)
+    assert outs[1][0].batch.policy["warm_start"]["2"]["source"] == "store"
