@@ -17,7 +17,8 @@ Invariant per sequence (as `engine.round`): the target's cache of its slot holds
 prefill feeds each prompt but its last token, so every pass verifies k + 1 tokens of every sequence.
 
 The policy prices k at the round's batch size: one policy per live count B (a fixed k is one policy
-for all), from k, max_k and step_times ({B: V_B(0..max_k)}, or one V for every B).
+for all), from k, max_k and step_times ({B: V_B(0..max_k)}, or one V for every B); under k="auto"
+a live count step_times leaves unseeded starts from the step-time store (`engine.batch_warm_start`).
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ import torch
 from moespec.backends.protocol import BatchModel, NoMaximum
 from moespec.device import peak_rss_bytes
 from moespec.engine.batch_proposers import BatchProposer, SlotView, batch_proposer, prefill_slot
+from moespec.engine.batch_warm_start import BatchWarmStart, resolve_batch_mode
 from moespec.engine.decode import PLAIN_RUN_MIN, as_prompt, eos_ids
 from moespec.engine.policy import Policy, make_policy
 from moespec.engine.proposers import Proposal
 from moespec.engine.round import Round, greedy_walk, until_eos
 from moespec.engine.sampling import Sampler, SamplingConfig
 from moespec.engine.stats import BatchStats, GenerationResult, RoundLog
+from moespec.engine.step_store import store_key
 
 
 @dataclass
@@ -65,10 +68,10 @@ class _Sequence:
 
 class _Policies:
     """The policy of each batch size: one for all when k is fixed, else one per live count, each
-    seeded by its own step times."""
+    seeded by its own step times, else by the warm start (`engine.batch_warm_start`) where given."""
 
-    def __init__(self, k, max_k: int, step_times):
-        self.k, self.max_k, self.step_times = k, max_k, step_times
+    def __init__(self, k, max_k: int, step_times, warm: BatchWarmStart | None = None):
+        self.k, self.max_k, self.step_times, self.warm = k, max_k, step_times, warm
         self.by_size: dict[int, Policy] = {}
         self._shared = None if k == "auto" else make_policy(k, max_k)
 
@@ -77,18 +80,29 @@ class _Policies:
             return self._shared
         if B not in self.by_size:
             V = self.step_times.get(B) if isinstance(self.step_times, Mapping) else self.step_times
-            self.by_size[B] = make_policy("auto", self.max_k, V)
+            policy = make_policy("auto", self.max_k, V)
+            if self.warm is not None and policy.wants_seed:
+                seed = self.warm.seed(B, self.by_size)
+                policy.start(V=seed.V, anchors=seed.anchors, acceptance=seed.acceptance)
+            self.by_size[B] = policy
         return self.by_size[B]
 
     @property
     def max_draft(self) -> int:
         return (self._shared or make_policy("auto", self.max_k)).max_k
 
+    def remember(self) -> None:
+        """What each warm-started live count measured, into the store (after the call's time)."""
+        if self.warm is not None:
+            self.warm.remember(self.by_size)
+
     def state(self) -> dict:
         if self._shared is not None:
             return self._shared.state()
-        return {"policy": "auto per batch size", "by_size": {str(B): p.state() for B, p in sorted(self.by_size.items())}}
-
+        state = {"policy": "auto per batch size", "by_size": {str(B): p.state() for B, p in sorted(self.by_size.items())}}
+        if self.warm is not None:
+            state["warm_start"] = self.warm.state()
+        return state
 
 
 def _check_target(target, B: int) -> BatchModel:
@@ -105,7 +119,7 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], *, draft=None, k: i
                    step_times: Sequence[float] | Mapping[int, Sequence[float]] | None = None, temperature: float = 0.0,
                    top_k: int | None = None, top_p: float | None = None, max_new_tokens: int = 128,
                    eos_token_id: int | Sequence[int] | None = None, seed: int = 0,
-                   vocab_limit: int | None = None) -> list[GenerationResult]:
+                   vocab_limit: int | None = None, warm_start: bool | str = True) -> list[GenerationResult]:
     """Lossless speculative decoding of B prompts at once on `target`, a model holding >= B sequences
     (`load(path, backend="llama.cpp", sequences=B)`); one result per prompt, in order, each with the
     batch's figures (`GenerationResult.batch`).
@@ -116,6 +130,10 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], *, draft=None, k: i
     size (`policy.AutoK`, one per batch size; step_times: {B: V_B} or one V). Sampling as `generate`,
     sequence i with seed + i; max_new_tokens and eos_token_id per sequence. The torch backend decodes
     one sequence at a time (`generate`).
+    warm_start: for k="auto", True or "store" seeds each live count's AutoK that step_times leaves
+    unseeded from the step-time store (`engine.batch_warm_start`: that count's entry, else the other
+    counts' and this call's, by the rule stated there) and writes what each measured back; False: none,
+    each live count opens cold. `batch.policy["warm_start"]` gives each count's seed.
     """
     if not prompts:
         raise ValueError("generate_batch needs at least one prompt")
@@ -123,8 +141,11 @@ def generate_batch(target, prompts: Sequence[Sequence[int]], *, draft=None, k: i
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     B = len(prompts)
     model = _check_target(target, B)
+    mode = resolve_batch_mode(warm_start)
     policies = _Policies(k, max_k, step_times)
     proposer = batch_proposer(draft, B) if policies.max_draft > 0 and k != 0 else None
+    key = store_key(model, proposer) if mode == "store" and k == "auto" and proposer is not None else None
+    policies.warm = None if key is None else BatchWarmStart(key, range(1, B + 1), max_k)
     config = SamplingConfig(temperature=float(temperature), top_k=top_k, top_p=top_p)
     limit = vocab_limit or model.vocab_limit or model.n_vocab
     if proposer is not None and proposer.vocab_limit is not None:
@@ -185,6 +206,7 @@ def _decode_batch(model: BatchModel, proposer: BatchProposer | None, policies: _
                 s.stop = "eos" if r.eos else "max_new_tokens"
         live = _compact(model, proposer, live)
     total_s = clock() - start
+    policies.remember()  # after the decode's time: the store's write is for the next call
     batch = BatchStats(sequences=len(seqs), new_tokens=sum(s.new_tokens for s in seqs), total_s=total_s,
                        k_per_round=tuple(ks), live_per_round=tuple(lives), round_s=tuple(round_s),
                        policy=policies.state(), pass_s=tuple(pass_s))

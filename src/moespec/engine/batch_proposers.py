@@ -41,6 +41,10 @@ class BatchProposer(Protocol):
     def move(self, src: int, dst: int) -> None:
         """The sequence in slot `src` now lives in slot `dst` (the one there has left)."""
 
+    def identity(self) -> dict | None:
+        """What sets its drafts and their cost, as `Proposer.identity` (the warm start's store key);
+        None: no key, k="auto" decodes cold."""
+
 
 def prefill_slot(model: BatchModel, slot: int, prompt: torch.Tensor) -> None:
     """Every token of `prompt` but its last into `slot`'s cache, in passes of the model's batch (the
@@ -131,6 +135,11 @@ class BatchDraft:
     def move(self, src: int, dst: int) -> None:
         self.model.move(src, dst)
 
+    def identity(self) -> dict | None:
+        """Its model's identity (`SpecModel.identity`); None when the model states none."""
+        model = self.model.identity()
+        return None if model is None else {"proposer": type(self).__name__, "options": {}, "draft": model}
+
 
 class PerSequence:
     """One `Proposer` per sequence (prompt lookup, the oracle given its reference), each proposing for
@@ -157,6 +166,12 @@ class PerSequence:
 
     def move(self, src: int, dst: int) -> None:
         """Its proposers keep no cache of their own."""
+
+    def identity(self) -> dict | None:
+        """Its proposers' identity when they all state the same one (one prompt lookup, oracles of one
+        acceptance); None otherwise."""
+        ids = [p.identity() for p in self.proposers]
+        return ids[0] if ids and all(i is not None and i == ids[0] for i in ids) else None
 
 
 def batch_proposer(draft, B: int) -> BatchProposer | None:

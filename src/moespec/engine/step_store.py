@@ -31,6 +31,7 @@ import os
 import platform
 import time
 import warnings
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -171,24 +172,41 @@ def recall(key: dict, max_k: int) -> Stored | None:
     return Stored(tuple(V), tuple(sorted(entry_points(entry, max_k))), acceptance)
 
 
+def lookup(keys: Mapping[Hashable, dict]) -> dict[Hashable, dict]:
+    """{label: the store's entry} for each (label, key) of `keys` that has one, in one read of the
+    store ({} without a store). A malformed store warns once here."""
+    path = store_path()
+    entries = read_store(path) if path is not None and keys else {}
+    found = {label: entries.get(_digest(key)) for label, key in keys.items()}
+    return {label: e for label, e in found.items() if e is not None and e["key"] == keys[label]}
+
+
 def remember(key: dict, learned: Learned | None) -> None:
     """Write a call's medians (`Learned.step_s`, from `Learned.rounds` timed rounds each) and, when
     it drafted, its acceptance by position α_1.. into the entry of `key`, atomically: a k's stored
     time becomes the mean of the stored one and the call's, weighted by their rounds (the stored
     ones counting at most MAX_WEIGHT, so a changed machine state is followed). A store that cannot
     be written warns and decoding goes on."""
+    remember_all([(key, learned)], stacklevel=5)
+
+
+def remember_all(learned: Sequence[tuple[dict, Learned | None]], *, stacklevel: int = 4) -> None:
+    """`remember` of several (key, Learned) at once (a batch's sizes), under one hold of the store's
+    lock: one read and one atomic replace."""
     path = store_path()
-    if path is None or learned is None or not learned.step_s:
+    learned = [(key, got) for key, got in learned if got is not None and got.step_s]
+    if path is None or not learned:
         return
     try:
         with exclusive(path):  # read, edit and replace as one step: a concurrent call's entry is not lost
             entries = read_store(path, warn=False)
-            entries[_digest(key)] = _updated(entries.get(_digest(key)), key, learned)
+            for key, got in learned:
+                entries[_digest(key)] = _updated(entries.get(_digest(key)), key, got)
             kept = sorted(entries, key=lambda n: entries[n]["written"], reverse=True)[:MAX_ENTRIES]
             dump_json(path, {"version": STORE_VERSION, "entries": {n: entries[n] for n in kept}})
     except OSError as e:
         warnings.warn(f"could not write the step-time store {path} ({e}); set MOESPEC_STEP_TIMES to a writable "
-                      f"file, or to nothing to turn the store off", stacklevel=4)  # generate's caller
+                      f"file, or to nothing to turn the store off", stacklevel=stacklevel)  # the decode's caller
 
 
 def _updated(entry: dict | None, key: dict, learned: Learned) -> dict:
