@@ -203,7 +203,7 @@ def remember_all(learned: Sequence[tuple[dict, Learned | None]], *, stacklevel: 
             for key, got in learned:
                 entries[_digest(key)] = _updated(entries.get(_digest(key)), key, got)
             kept = sorted(entries, key=lambda n: entries[n]["written"], reverse=True)[:MAX_ENTRIES]
-            dump_json(path, {"version": STORE_VERSION, "entries": {n: entries[n] for n in kept}})
+            dump_json(path, {"version": STORE_VERSION, "entries": {n: entries[n] for n in kept}}, compact=True)
     except OSError as e:
         warnings.warn(f"could not write the step-time store {path} ({e}); set MOESPEC_STEP_TIMES to a writable "
                       f"file, or to nothing to turn the store off", stacklevel=stacklevel)  # the decode's caller
