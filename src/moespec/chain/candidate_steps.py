@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from moespec import artifacts, run_files
-from moespec.chain.run_folder import HELD, Step, drop, settings_changed
+from moespec.chain.run_folder import HELD, OWN, Step, drop, settings_changed
 from moespec.kernel_names import COST_AUTO, COST_DEDUP
 
 MAX_PROMPT_TOKENS = 512  # a prompt longer than this is refused: the chain's context holds it and the draft
@@ -180,9 +180,10 @@ def drop_changed(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any]
 
 def candidate_steps(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any], *, source: str | None,
                     target_file: str | None, threads: int | None, context: int | None, llama: bool,
-                    echo=print) -> list[Step]:
+                    echo=print, llama_check: bool = False) -> list[Step]:
     """The steps of the module docstring for `candidates` (`Candidate.to_dict()` each) in `out`, after
-    its prediction. knobs: kmax, new_tokens, prompt_tokens, temperature, top_p, seed, cost_reps, check_reps."""
+    its prediction. knobs: kmax, new_tokens, prompt_tokens, temperature, top_p, seed, cost_reps, check_reps.
+    llama_check: then llama.cpp's own speculative decoding on the held-out half (`chain.candidate_llama`)."""
     if not candidates:
         return []
     p, knobs = out.joinpath, dict(knobs)
@@ -203,4 +204,11 @@ def candidate_steps(out: Path, candidates: Sequence[dict], knobs: Mapping[str, A
     steps.append(Step("candidates-score", p(run_files.CANDIDATES_SCORE), score_step, dict(
         candidates=p(run_files.CANDIDATES), checks=checks, path=p(run_files.CANDIDATES_SCORE)),
         reads=(p(run_files.CANDIDATES), *checks)))
+    if llama_check:
+        from moespec.chain.candidate_llama import LLAMA_CHECK, llama_check_step
+
+        steps.append(Step("candidates-llama", p(LLAMA_CHECK), llama_check_step, dict(
+            prompts=prompts, candidates=p(run_files.CANDIDATES), target_file=target_file, threads=threads,
+            new_tokens=knobs["new_tokens"], kmax=knobs["kmax"], reps=knobs["check_reps"], path=p(LLAMA_CHECK)),
+            reads=(prompts, p(run_files.CANDIDATES)), model=OWN))
     return steps
