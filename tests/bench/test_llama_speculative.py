@@ -133,3 +133,12 @@ def test_a_failed_or_hung_run_is_a_value_error():
         run_once(["bin", "--bogus"], run=failed)
     with pytest.raises(ValueError, match="past 5 s"):
         run_once(["bin"], timeout=5, run=hung)
+
+
+def test_settings_with_the_same_flags_run_once_and_share_their_times():
+    fake = FakeRun()
+    sets = [LlamaSetting(PLAIN, PLAIN_ARGS, 0), emitted_setting("--spec-type none"), n_max_setting(DRAFT, 2)]
+    times = time_settings("bin", target="t.gguf", prompts=["a"], settings=sets, threads=None, new_tokens=20,
+                          reps=2, context=512, run=fake)
+    assert len(fake.calls) == 2 * 2 and "-t" not in fake.calls[0]
+    assert times[0].seconds == times[1].seconds and times[1].setting.name == EMITTED

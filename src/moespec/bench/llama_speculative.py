@@ -7,7 +7,9 @@ drafter that drafts nothing) rather than through llama-simple or llama-cli: llam
 thread count, llama-cli runs a chat loop with its own timing, and only the same loop makes plain and
 speculative times a ratio of like with like. The binary times decoding alone (the prompt, the draft
 model's included, is processed before its decode clock starts), as moespec's check does. Sampling is
-greedy (`--temp 0`: llama.cpp keeps the top logit alone), so every setting decodes the same text.
+greedy (`--temp 0`: llama.cpp keeps the top logit alone), so every setting decodes the same text, and
+weight repacking is off (`--no-repack`), as in moespec's llama.cpp backend (`backends.llama_model`: the
+AMX repack crashes on this project's Xeons), so both engines run the same kernels.
 Settings are interleaved within each rep and prompt, so a slow spell of the machine falls on all.
 """
 
@@ -68,7 +70,7 @@ def command(binary: str | Path, *, target: str | Path, prompt_file: str | Path, 
             threads: int | None, new_tokens: int, context: int) -> list[str]:
     """The command line of one run: greedy, `new_tokens`, the target and the setting's flags."""
     cmd = [str(binary), "-m", str(target), "-f", str(prompt_file), "-n", str(new_tokens), "-c", str(context),
-           "--temp", "0", "--seed", "0"]
+           "--temp", "0", "--seed", "0", "--no-repack"]
     if threads:
         cmd += ["-t", str(threads), "-tb", str(threads), "-td", str(threads), "-tbd", str(threads)]
     return cmd + list(setting.args)
@@ -126,12 +128,14 @@ def time_settings(binary: str | Path, *, target: str | Path, prompts: Sequence[s
                   context: int = 2048, timeout: float = TIMEOUT_S, run=subprocess.run,
                   progress: Callable[[str], None] | None = None) -> list[SettingTimes]:
     """Every setting on every prompt `reps` times, interleaved (rep > prompt > setting), each run a
-    bounded process; one SettingTimes per setting, in order."""
+    bounded process; one SettingTimes per setting, in order. Settings with the same flags (emitted
+    `--spec-type none` and plain) run once and share their times: one command, one figure."""
     if not prompts:
         raise ValueError("no prompts to time llama.cpp on; give at least one held-out prompt")
     if reps < 1 or new_tokens < 1:
         raise ValueError(f"reps {reps} and new tokens {new_tokens} must be >= 1")
-    runs = [[[] for _ in prompts] for _ in settings]
+    distinct = list(dict.fromkeys(s.args for s in settings))
+    runs = [[[] for _ in prompts] for _ in distinct]
     with tempfile.TemporaryDirectory(prefix="moespec-llama-") as tmp:
         files = []
         for i, text in enumerate(prompts):
@@ -139,11 +143,11 @@ def time_settings(binary: str | Path, *, target: str | Path, prompts: Sequence[s
             files[-1].write_text(text + "\n", encoding="utf-8")  # -f drops one final newline
         for rep in range(reps):
             for i, prompt_file in enumerate(files):
-                for j, setting in enumerate(settings):
-                    cmd = command(binary, target=target, prompt_file=prompt_file, setting=setting,
+                for j, args in enumerate(distinct):
+                    cmd = command(binary, target=target, prompt_file=prompt_file, setting=LlamaSetting("", args, None),
                                   threads=threads, new_tokens=new_tokens, context=context)
                     runs[j][i].append(run_once(cmd, timeout=timeout, run=run))
                 if progress is not None:
                     progress(f"llama.cpp: rep {rep + 1}/{reps}, prompt {i + 1}/{len(files)}: "
-                             f"{len(settings)} settings timed")
-    return [pooled(s, r) for s, r in zip(settings, runs)]
+                             f"{len(distinct)} settings timed")
+    return [pooled(s, runs[distinct.index(s.args)]) for s in settings]
