@@ -31,6 +31,7 @@ CANDIDATE = "candidate-"
 CALIBRATION_SUFFIX, CHECK_SUFFIX = "-calibration.json", "-check.json"
 CANDIDATES = "candidates.json"
 CANDIDATES_SCORE = "candidates-score.json"
+CANDIDATES_LLAMA = "candidates-llama.json"  # llama.cpp's own speculative decoding of the held-out half
 CANDIDATES_FIGURE = "candidates.png"  # predicted against measured speedup per candidate and k
 # the report (`report.build`) and the steps' peak memory (`chain.run_folder`)
 REPORT = "report.html"
@@ -45,7 +46,8 @@ OLD = ".old"  # an artifact set aside by a restart
 KINDS = {CHARACTERIZATION: "characterize", MEASUREMENT_BASE: "measure", MEASUREMENT: "measure",
          PREDICTION: "predict", SCORE: "score", BATCH_CHARACTERIZATION: "characterize",
          BATCH_MEASUREMENT: "batch-measure", BATCH_PREDICTION: "batch-predict", BATCH_SCORE: "batch-score",
-         MEMORY: "memory", PROMPTS: "prompts", CANDIDATES: "candidates", CANDIDATES_SCORE: "candidates-score"}
+         MEMORY: "memory", PROMPTS: "prompts", CANDIDATES: "candidates", CANDIDATES_SCORE: "candidates-score",
+         CANDIDATES_LLAMA: "candidates-llama"}
 CALIBRATION_KIND, CHECK_KIND = "candidate-calibration", "candidate-check"
 # the files a restart moves aside, with any point log (the routing a model replays and an export stay:
 # they are inputs of the model, not of this run)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from moespec import artifacts, run_files
-from moespec.chain.run_folder import HELD, Step, drop, settings_changed
+from moespec.chain.run_folder import HELD, OWN, Step, drop, settings_changed
 from moespec.kernel_names import COST_AUTO, COST_DEDUP
 
 MAX_PROMPT_TOKENS = 512  # a prompt longer than this is refused: the chain's context holds it and the draft
@@ -61,11 +61,22 @@ def prompts_step(model, tokenizer, *, source: str | None, prompt_tokens: int, pa
             raise ValueError(f"prompt {i} of {source or 'the shipped prompts'} has {len(p)} tokens, over the "
                              f"{MAX_PROMPT_TOKENS} the candidates' answer takes; shorten it")
     calibration, heldout = split_prompts(ids)
-    decode = lambda half: [tokenizer.decode(p) for p in half]  # noqa: E731  llama.cpp's own runs take text
+    decode = lambda half: [prompt_text(tokenizer, p) for p in half]  # noqa: E731  llama.cpp's own runs take text
     artifacts.write(path, run_files.KINDS[run_files.PROMPTS], {
         "source": str(source) if source else "shipped", "digest": file_digest(source) if source else None,
         "prompt_tokens": prompt_tokens, "calibration": calibration, "heldout": heldout,
         "calibration_texts": decode(calibration), "heldout_texts": decode(heldout)})
+
+
+def prompt_text(tokenizer, ids) -> str:
+    """The prompt as text llama.cpp tokenizes back to `ids`: its special tokens (a chat template's) kept,
+    a leading BOS left to llama.cpp, which adds its own."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    ids = list(ids)[1:] if bos is not None and ids and ids[0] == bos else ids
+    try:
+        return tokenizer.decode(ids, skip_special_tokens=False)
+    except TypeError:  # a tokenizer without the option keeps them
+        return tokenizer.decode(ids)
 
 
 def draft_loader(threads: int | None, context: int | None):
@@ -197,10 +208,11 @@ def drop_changed(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any]
 
 def candidate_steps(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any], *, source: str | None,
                     target_file: str | None, threads: int | None, context: int | None, llama: bool,
-                    batch: bool = False, echo=print) -> list[Step]:
+                    batch: bool = False, echo=print, llama_check: bool = False) -> list[Step]:
     """The steps of the module docstring for `candidates` (`Candidate.to_dict()` each) in `out`, after
     its prediction (and the batch chain's, with `batch`). knobs: kmax, new_tokens, prompt_tokens,
-    temperature, top_p, seed, cost_reps, check_reps."""
+    temperature, top_p, seed, cost_reps, check_reps. llama_check: then llama.cpp's own speculative
+    decoding on the held-out half (`chain.candidate_llama`)."""
     if not candidates:
         return []
     p, knobs = out.joinpath, dict(knobs)
@@ -223,4 +235,12 @@ def candidate_steps(out: Path, candidates: Sequence[dict], knobs: Mapping[str, A
     steps.append(Step("candidates-score", p(run_files.CANDIDATES_SCORE), score_step, dict(
         candidates=p(run_files.CANDIDATES), checks=checks, path=p(run_files.CANDIDATES_SCORE)),
         reads=(p(run_files.CANDIDATES), *checks)))
+    if llama_check:
+        from moespec.chain.candidate_llama import llama_check_step
+
+        check = p(run_files.CANDIDATES_LLAMA)
+        steps.append(Step("candidates-llama", check, llama_check_step, dict(
+            prompts=prompts, candidates=p(run_files.CANDIDATES), target_file=target_file, threads=threads,
+            new_tokens=knobs["new_tokens"], kmax=knobs["kmax"], reps=knobs["check_reps"], path=check),
+            reads=(prompts, p(run_files.CANDIDATES)), model=OWN))
     return steps

@@ -221,7 +221,8 @@ def _steps(config: DemoConfig, target: Target, runner: Runner, progress: bool) -
         runner.run(candidate_steps(out, config.candidates, config.candidate_knobs(), source=config.prompts,
                                    target_file=str(target.gguf) if target.gguf else None,
                                    threads=config.threads, context=llama_context(config) if config.llama else None,
-                                   llama=config.llama, batch=config.llama, echo=echo))
+                                   llama=config.llama, batch=config.llama, echo=echo,
+                                   llama_check=config.llama_check))
 
 
 def run_demo(

@@ -56,6 +56,7 @@ class DemoConfig:
     candidates: tuple = ()
     prompts: str | None = None
     candidate: dict = field(default_factory=lambda: dict(CANDIDATE_KNOBS))
+    llama_check: bool = False  # then llama.cpp's own speculative decoding of the held-out half
 
     def __post_init__(self):
         if self.trace_tokens < 16:
@@ -118,7 +119,7 @@ def demo_setup(out_dir: str | Path, *, model: str | None = None, backend: str | 
                full: bool = False, layers: int | None = None, routing: str | None = None, gguf_type: str | None = None,
                threads: int | None = None, measure: dict | None = None, drafts: tuple = (),
                prompt_lookup: int | None = None, ngrams: tuple = (), prompts: str | Path | None = None,
-               candidate: dict | None = None) -> tuple[DemoConfig, Path]:
+               candidate: dict | None = None, llama_check: bool = False) -> tuple[DemoConfig, Path]:
     """The config and run folder `moespec demo`'s options name. A .gguf model is the model: the chain
     runs it on llama.cpp in `out_dir` (at smoke settings with `smoke`); another model runs on torch in
     `out_dir`, or with backend "llama.cpp" exported to GGUF (`gguf_type`, default q8_0) in
@@ -161,6 +162,10 @@ def demo_setup(out_dir: str | Path, *, model: str | None = None, backend: str | 
                      candidate={**config.candidate, **{k: v for k, v in (candidate or {}).items() if v is not None}})
     config = with_candidates(config, drafts=drafts, prompt_lookup=prompt_lookup, ngrams=ngrams, prompts=prompts,
                              target_gguf=model if gguf else None)
+    if llama_check and not (config.llama and config.candidates):
+        raise ValueError("--llama-check runs llama.cpp's own speculative decoding of your drafts: give a .gguf "
+                         "--model (or --backend llama.cpp) and a draft (--draft, --prompt-lookup or --ngram)")
+    config = replace(config, llama_check=llama_check)
     folder = Path(out_dir) / LLAMA_FOLDER if backend == "llama.cpp" and not gguf else Path(out_dir)
     return config, folder
 

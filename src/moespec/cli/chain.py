@@ -16,6 +16,12 @@ from moespec.kernel_names import COST_DEDUP, COST_KERNELS
 from moespec.chain.demo import DemoConfig
 
 _DEMO_MEASURE = DemoConfig().measure  # the defaults the options' help quotes
+_ORACLE_REPS_HELP = (f"repetitions of every oracle cell per prompt (demo: {_DEMO_MEASURE['oracle_reps']}); more "
+                     "lower the summary's loss floor and take longer (3x the repetitions: ~3x the sweep); on a "
+                     "finished run folder the sweep (only) is measured again")
+_VERIFY_REPS_HELP = (f"repetitions of every verify pass per prompt (demo: {_DEMO_MEASURE['reps']}); more lower the "
+                     "noise of τ_p(n), which the calibrated version is built on; on a finished run folder the base "
+                     "measurement and the prediction are made again, the sweep's runs reused")
 _DRAFT_HELP = "your draft model (a GGUF file beside a .gguf --model; repeat for several), priced on your prompts"
 _NGRAM_HELP = ("price llama.cpp's n-gram drafter MODE[:N]: ngram-mod (N: n-match, default 24) or ngram-simple "
                "(N: size-n, default 12); repeatable")
@@ -176,16 +182,8 @@ def demo_command(
                                          help="layers of a synthetic preset (default: the preset's)"),
     smoke: bool = typer.Option(False, "--smoke", help="plumbing check in seconds at tiny settings, on --model (default "
                                "olmoe-tiny; trained:olmoe on llama.cpp)"),
-    oracle_reps: Optional[int] = typer.Option(
-        None, "--oracle-reps", min=1,
-        help=f"repetitions of every oracle cell per prompt (demo: {_DEMO_MEASURE['oracle_reps']}); more lower the "
-             "summary's loss floor and take longer (3x the repetitions: ~3x the sweep); on a finished run folder "
-             "the sweep (only) is measured again"),
-    verify_reps: Optional[int] = typer.Option(
-        None, "--verify-reps", min=1,
-        help=f"repetitions of every verify pass per prompt (demo: {_DEMO_MEASURE['reps']}); more lower the noise of "
-             "τ_p(n), which the calibrated version is built on; on a finished run folder the base measurement and the "
-             "prediction are made again, the sweep's runs reused"),
+    oracle_reps: Optional[int] = typer.Option(None, "--oracle-reps", min=1, help=_ORACLE_REPS_HELP),
+    verify_reps: Optional[int] = typer.Option(None, "--verify-reps", min=1, help=_VERIFY_REPS_HELP),
     restart: bool = typer.Option(False, "--restart", help="move every artifact and point log of the run folder to "
                                  "NAME.old and run the chain afresh (a folder made for another model is refused)"),
     routing: Optional[str] = typer.Option(None, "--routing", callback=_demo_routing,

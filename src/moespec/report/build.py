@@ -47,7 +47,7 @@ def _candidates(run_dir: Path) -> dict[str, Any]:
     """The user's drafts' artifacts (`chain.candidate_steps`), where the run priced them."""
     got = {}
     for name, file in (("prompts", run_files.PROMPTS), ("candidates", run_files.CANDIDATES),
-                       ("candidates_score", run_files.CANDIDATES_SCORE)):
+                       ("candidates_score", run_files.CANDIDATES_SCORE), ("llama", run_files.CANDIDATES_LLAMA)):
         path = run_dir / file
         if path.exists():
             if artifacts.changed_parents(path):
@@ -58,13 +58,15 @@ def _candidates(run_dir: Path) -> dict[str, Any]:
 
 def _candidate_blocks(mine: dict[str, Any]) -> tuple[list, list]:
     """(the answer's blocks for the user's drafts, the report's table) when the run priced any."""
-    from moespec.report.candidates import answer_lines, batch_lines, candidates_table, score_lines
+    from moespec.report.candidates import answer_lines, batch_lines, candidates_table, llama_check_lines, score_lines
 
     if "candidates" not in mine:
         return [], []
     words = answer_lines(mine["candidates"], mine.get("prompts")) + batch_lines(mine["candidates"])
     if "candidates_score" in mine:
         words += score_lines(mine["candidates_score"])
+    if "llama" in mine:
+        words += llama_check_lines(mine["llama"])
     return words, [candidates_table(mine["candidates"], mine.get("candidates_score"))]
 
 

@@ -16,6 +16,7 @@ from moespec.report.html import Table
 from moespec.report.plotting import plt, save
 
 LOST_GOAL, SPEEDUP_GOAL = 0.03, 0.05
+GOAL_BEST, GOAL_DEFAULTS, GOAL_PLAIN = 0.97, 1.1, 1.0  # llama.cpp at the emitted settings against its own
 
 
 def engine_lines(settings: dict) -> list[str]:
@@ -112,3 +113,30 @@ def plot_candidates(candidates: dict[str, Any], score: dict[str, Any] | None, pa
     ax.set_ylabel("speedup over plain decoding")
     ax.legend(fontsize=7)
     return save(fig, path)
+
+
+def met_word(g: dict[str, Any]) -> str:
+    return "n/a" if not g["applies"] else ("met" if g["met"] else "NOT met")
+
+
+def llama_check_lines(payload: dict[str, Any]) -> list[str]:
+    """The summary's lines: per candidate llama.cpp's plain, emitted, defaults and best n-max tokens/s,
+    and each goal beside its figure."""
+    lines = [f"llama.cpp's own speculative decoding on {payload['prompts']} held-out prompts "
+             f"({payload['new_tokens']} new tokens, {payload['reps']} rep(s), n-max 0..{payload['kmax']}):"]
+    for c in payload["candidates"]:
+        if c.get("skipped"):
+            lines.append(f"  {c['name']}: not run ({c['skipped']})")
+            continue
+        g, plain = c["goals"], c["plain_tokens_per_s"]
+        lines.append(f"  {c['name']}: plain {plain:.1f} tok/s; emitted (n-max {c['emitted_n_max']}) "
+                     f"{c['emitted_tokens_per_s']:.1f} ({c['emitted_tokens_per_s'] / plain:.2f}x); defaults "
+                     f"{c['defaults_tokens_per_s']:.1f} ({c['defaults_tokens_per_s'] / plain:.2f}x); best in "
+                     f"hindsight n-max {c['best_n_max']} {c['best_tokens_per_s']:.1f} "
+                     f"({c['best_tokens_per_s'] / plain:.2f}x)")
+        lines.append(f"    emitted/best {g['emitted_vs_best']['value']:.2f} (goal >= {GOAL_BEST}: "
+                     f"{met_word(g['emitted_vs_best'])}); emitted/defaults {g['emitted_vs_defaults']['value']:.2f} "
+                     f"(goal >= {GOAL_DEFAULTS} where speculation pays: {met_word(g['emitted_vs_defaults'])}); "
+                     f"emitted/plain {g['emitted_vs_plain']['value']:.2f} (goal >= {GOAL_PLAIN} where the answer "
+                     f"pays: {met_word(g['emitted_vs_plain'])})")
+    return lines

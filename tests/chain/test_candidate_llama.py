@@ -1,0 +1,124 @@
+"""llama.cpp's own speculative decoding on the held-out half (`chain.candidate_llama`): the artifact and
+its summary lines from faked runs, the refusals, and one real run of the built binary on the trained
+pair exported as GGUF (slow)."""
+
+import json
+import subprocess
+
+import pytest
+
+from moespec import artifacts, run_files
+from moespec.chain.candidate_llama import (
+    LLAMA_CHECK_KIND,
+    context_size,
+    llama_check_step,
+)
+from moespec.costmodel.settings import llama_cpp_settings
+from moespec.report.candidates import llama_check_lines
+
+SECONDS = {0: 1.0, 1: 0.7, 2: 0.5, 3: 0.6}  # decode seconds of 20 tokens at each n-max: n-max 2 is best
+DEFAULT_N_MAX = 3  # llama.cpp's draft-simple default (common/common.h), what a bare -md runs at
+
+
+def fake_run(calls):
+    def run(cmd, **kw):
+        calls.append(cmd)
+        if "--spec-draft-n-max" in cmd:
+            k = int(cmd[cmd.index("--spec-draft-n-max") + 1])
+        else:
+            k = DEFAULT_N_MAX if "-md" in cmd else 0
+        out = ("encoded %4d tokens in %8.3f seconds, speed: %8.3f t/s\n" % (5, 0.01, 500.0)
+               + "decoded %4d tokens in %8.3f seconds, speed: %8.3f t/s\n" % (20, SECONDS[k], 20 / SECONDS[k])
+               + "n_predict = %d\nn_drafted = %d\nn_accept  = %d\n" % (20, 4 * k, 3 * k))
+        return subprocess.CompletedProcess(cmd, 0, stdout="", stderr=out)
+    return run
+
+
+def prediction(candidate: dict, fragment: str, k: int) -> dict:
+    return {"name": candidate["name"], "candidate": candidate, "settings": {"llama.cpp": {"fragment": fragment}},
+            "answer": {"k_star": k}}
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "t.gguf").write_bytes(b"GGUF")
+    (tmp_path / "d.gguf").write_bytes(b"GGUF")
+    draft = str(tmp_path / "d.gguf")
+    artifacts.write(tmp_path / run_files.PROMPTS, run_files.KINDS[run_files.PROMPTS], {
+        "calibration": [[1, 2]], "heldout": [[1, 2, 3], [4] * 300], "calibration_texts": ["x"],
+        "heldout_texts": ["Once upon", "A list: one"]})
+    cands = [
+        prediction({"kind": "draft", "draft": draft, "name": draft}, llama_cpp_settings(
+            k=2, n_min=1, p_min=0.0, draft=draft).fragment, 2),
+        prediction({"kind": "draft", "draft": draft, "name": "plain-said"}, "--spec-type none", 0),
+        prediction({"kind": "oracle", "acceptance": 0.8, "name": "oracle a=0.8"}, "--spec-type none", 0),
+        prediction({"kind": "draft", "draft": "trained:draft", "name": "trained:draft"}, "--spec-type none", 0),
+    ]
+    artifacts.write(tmp_path / run_files.CANDIDATES, run_files.KINDS[run_files.CANDIDATES],
+                    {"candidates": cands, "answer": {"best": draft}})
+    return tmp_path
+
+
+def run_step(folder, calls, **kw):
+    path = folder / "candidates-llama.json"
+    llama_check_step(prompts=folder / run_files.PROMPTS, candidates=folder / run_files.CANDIDATES,
+                     target_file=str(folder / "t.gguf"), threads=2, new_tokens=20, kmax=3, reps=1, path=path,
+                     run=fake_run(calls), binary=folder / "llama-speculative-simple", **kw)
+    return artifacts.load(path, LLAMA_CHECK_KIND)["payload"]
+
+
+def test_each_runnable_candidate_gets_plain_emitted_defaults_and_every_n_max(folder):
+    calls = []
+    got = run_step(folder, calls)
+    # two prompts; six settings of the first candidate, five of the second (its emitted line is plain's)
+    assert len(calls) == 2 * (6 + 5)
+    assert got["context"] == context_size([[1, 2, 3], [4] * 300], 20, 3) == 512
+    first, said_plain, oracle, not_gguf = got["candidates"]
+    assert first["plain_tokens_per_s"] == pytest.approx(40 / 2.0)
+    assert first["emitted_n_max"] == 2 and first["emitted_tokens_per_s"] == pytest.approx(40 / 1.0)
+    assert first["defaults_tokens_per_s"] == pytest.approx(40 / 1.2)
+    assert first["defaults_values"] == {"n_max": 3, "n_min": 0, "p_min": 0.0}
+    assert first["best_n_max"] == 2 and first["speculation_pays"]
+    assert [s["name"] for s in first["settings"]] == ["plain", "emitted", "defaults", "n-max 1", "n-max 2",
+                                                      "n-max 3"]
+    assert first["settings"][3]["speedup"] == pytest.approx(1.0 / 0.7)
+    assert first["goals"]["emitted_vs_best"] == {"value": 1.0, "goal": 0.97, "applies": True, "met": True}
+    assert first["goals"]["emitted_vs_defaults"]["value"] == pytest.approx(1.2)
+    assert first["goals"]["emitted_vs_defaults"]["met"] and first["goals"]["emitted_vs_plain"]["met"]
+    # the answer said "decode plainly" where n-max 2 measures 2x: the emitted/best goal is missed
+    assert said_plain["goals"]["emitted_vs_best"]["value"] == pytest.approx(0.5)
+    assert said_plain["goals"]["emitted_vs_best"]["met"] is False
+    assert said_plain["goals"]["emitted_vs_plain"] == {"value": 1.0, "goal": 1.0, "applies": False, "met": None}
+    assert "no llama.cpp drafter" in oracle["skipped"] and "not a GGUF file" in not_gguf["skipped"]
+    json.dumps(got)  # the artifact is plain JSON
+
+
+def test_the_lines_give_each_figure_beside_its_goal(folder):
+    lines = llama_check_lines(run_step(folder, []))
+    text = "\n".join(lines)
+    assert "on 2 held-out prompts" in lines[0]
+    assert "plain 20.0 tok/s; emitted (n-max 2) 40.0 (2.00x)" in text
+    assert "best in hindsight n-max 2 40.0 (2.00x)" in text
+    assert "emitted/best 1.00 (goal >= 0.97: met)" in text and "emitted/best 0.50 (goal >= 0.97: NOT met)" in text
+    assert "pays: n/a" in text and "oracle a=0.8: not run" in text
+
+
+def test_a_target_that_is_not_a_gguf_file_is_refused(folder):
+    with pytest.raises(ValueError, match="needs the target as a GGUF file"):
+        llama_check_step(prompts=folder / run_files.PROMPTS, candidates=folder / run_files.CANDIDATES,
+                         target_file="trained:olmoe", threads=1, new_tokens=4, kmax=2, reps=1,
+                         path=folder / "x.json", run=fake_run([]), binary=folder / "bin")
+
+
+def test_the_demo_adds_the_step_only_when_asked(tmp_path):
+    from moespec.chain.candidate_steps import candidate_steps
+
+    cand = {"kind": "draft", "draft": "d.gguf", "n": None, "n_min": 1, "min_hits": 1, "acceptance": None,
+            "seed": 0, "name": "d.gguf"}
+    knobs = {"kmax": 3, "new_tokens": 16, "prompt_tokens": 32, "check_reps": 2}
+    common = dict(source=None, target_file="t.gguf", threads=1, context=None, llama=True, echo=lambda s: None)
+    assert "candidates-llama" not in [s.name for s in candidate_steps(tmp_path, [cand], knobs, **common)]
+    last = candidate_steps(tmp_path, [cand], knobs, **common, llama_check=True)[-1]
+    assert last.name == "candidates-llama" and last.writes == tmp_path / "candidates-llama.json"
+    assert last.reads == (tmp_path / run_files.PROMPTS, tmp_path / run_files.CANDIDATES)
+    assert (last.args["kmax"], last.args["new_tokens"], last.args["reps"]) == (3, 16, 2)
