@@ -17,7 +17,7 @@ from moespec.bench.llama_settings import (
     n_max_setting,
     settings_for,
 )
-from moespec.bench.llama_speculative import SpecRun, parse_output, run_once, time_settings
+from moespec.bench.llama_speculative import SUMMARY_TRIES, SpecRun, parse_output, run_once, time_settings
 from moespec.costmodel.settings import llama_cpp_settings
 
 DRAFT = {"kind": "draft", "draft": "/models/d.gguf", "n": None, "n_min": 1, "min_hits": 1, "name": "/models/d.gguf"}
@@ -142,3 +142,20 @@ def test_settings_with_the_same_flags_run_once_and_share_their_times():
                           reps=2, context=512, run=fake)
     assert len(fake.calls) == 2 * 2 and "-t" not in fake.calls[0]
     assert times[0].seconds == times[1].seconds and times[1].setting.name == EMITTED
+
+
+def test_a_run_whose_log_was_lost_at_exit_is_run_again_then_refused():
+    # llama.cpp logs from a worker thread: a run can exit 0 before its summary was written
+    calls = []
+
+    def lost_twice(cmd, **kwargs):
+        calls.append(cmd)
+        said = printed(12, 0.5) if len(calls) == 3 else "<bos>The cat sat\n"
+        return subprocess.CompletedProcess(cmd, 0, stdout="", stderr=said)
+
+    assert run_once(["llama-speculative-simple"], run=lost_twice).decoded == 12 and len(calls) == 3
+    calls.clear()
+    never = lambda cmd, **kwargs: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, stdout="", stderr="x\n")  # noqa: E731
+    with pytest.raises(ValueError, match="printed no decode summary"):
+        run_once(["llama-speculative-simple"], run=never)
+    assert len(calls) == SUMMARY_TRIES

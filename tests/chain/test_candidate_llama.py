@@ -110,6 +110,31 @@ def test_a_target_that_is_not_a_gguf_file_is_refused(folder):
                          path=folder / "x.json", run=fake_run([]), binary=folder / "bin")
 
 
+@pytest.mark.slow
+def test_the_built_binary_runs_the_trained_pair_at_every_setting(tmp_path, gguf_files):
+    """llama-speculative-simple built from the vendored source (cached after the first build) on the
+    trained pair exported as q8_0 GGUF: a handful of tokens per setting, each figure read back."""
+    target, draft = str(gguf_files["olmoe-q8_0"]), str(gguf_files["draft-q8_0"])
+    artifacts.write(tmp_path / run_files.PROMPTS, run_files.KINDS[run_files.PROMPTS], {
+        "calibration": [[1]], "heldout": [[1] * 16], "calibration_texts": ["x"],
+        "heldout_texts": ["The cat sat on the mat. The cat sat on the"]})
+    cand = prediction({"kind": "draft", "draft": draft, "name": "draft-q8_0"},
+                      llama_cpp_settings(k=2, n_min=1, p_min=0.0, draft=draft).fragment, 2)
+    artifacts.write(tmp_path / run_files.CANDIDATES, run_files.KINDS[run_files.CANDIDATES],
+                    {"candidates": [cand], "answer": {"best": "draft-q8_0"}})
+    path = tmp_path / "candidates-llama.json"
+    llama_check_step(prompts=tmp_path / run_files.PROMPTS, candidates=tmp_path / run_files.CANDIDATES,
+                     target_file=target, threads=1, new_tokens=8, kmax=2, reps=1, path=path)
+    (got,) = artifacts.load(path, LLAMA_CHECK_KIND)["payload"]["candidates"]
+    by_name = {s["name"]: s for s in got["settings"]}
+    assert set(by_name) == {"plain", "emitted", "defaults", "n-max 1", "n-max 2"}
+    assert all(s["tokens"][0] >= 8 and s["tokens_per_s"] > 0 for s in by_name.values())
+    assert by_name["plain"]["drafted"] == 0  # the plain setting drafts nothing
+    for name in ("emitted", "defaults", "n-max 1", "n-max 2"):
+        assert 0 <= by_name[name]["accepted"] <= by_name[name]["drafted"] and by_name[name]["drafted"] > 0
+    assert got["best_n_max"] in (0, 1, 2) and got["goals"]["emitted_vs_best"]["value"] > 0
+
+
 def test_the_demo_adds_the_step_only_when_asked(tmp_path):
     from moespec.chain.candidate_steps import candidate_steps
 

@@ -119,6 +119,8 @@ def test_refusals_come_before_anything_runs(tmp_path):
         demo_setup(tmp_path / "a", smoke=True, prompts=empty)
     with pytest.raises(ValueError, match="drafts only at k >= 5, and this chain prices k <= 2"):
         demo_setup(tmp_path / "a", smoke=True, ngrams=("ngram-simple:5",))
+    with pytest.raises(ValueError, match="--llama-check runs llama.cpp's own speculative decoding"):
+        demo_setup(tmp_path / "a", smoke=True, drafts=("trained:draft",), llama_check=True)  # a torch chain
     with pytest.raises(ValueError, match="the modes moespec prices are"):
         demo_setup(tmp_path / "a", smoke=True, ngrams=("ngram-map",))
     assert not (tmp_path / "a").exists()

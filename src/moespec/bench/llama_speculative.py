@@ -76,8 +76,27 @@ def command(binary: str | Path, *, target: str | Path, prompt_file: str | Path, 
     return cmd + list(setting.args)
 
 
+SUMMARY_TRIES = 3  # llama.cpp logs from a worker thread: on a loaded machine a run can exit 0 before it wrote
+
+
 def run_once(cmd: Sequence[str], *, timeout: float = TIMEOUT_S, run=subprocess.run) -> SpecRun:
-    """One bounded run of `cmd`, parsed; a non-zero exit or a timeout is a ValueError naming the fix."""
+    """One bounded run of `cmd`, parsed; a non-zero exit or a timeout is a ValueError naming the fix.
+    A run that exits 0 without its summary (its asynchronous log lost at exit) is run again, up to
+    SUMMARY_TRIES times in all."""
+    for attempt in range(SUMMARY_TRIES):
+        try:
+            return attempt_once(cmd, timeout=timeout, run=run)
+        except MissingSummary:
+            if attempt + 1 == SUMMARY_TRIES:
+                raise
+
+
+class MissingSummary(ValueError):
+    """A run that exited 0 but printed no decode summary."""
+
+
+def attempt_once(cmd: Sequence[str], *, timeout: float, run) -> SpecRun:
+    """One run of `cmd`; MissingSummary when it exited 0 without its summary."""
     try:
         done = run(list(cmd), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
@@ -87,7 +106,10 @@ def run_once(cmd: Sequence[str], *, timeout: float = TIMEOUT_S, run=subprocess.r
     if done.returncode != 0:
         said = [line for line in text.splitlines() if line.strip()][-OUTPUT_TAIL:]
         raise ValueError(f"llama-speculative-simple exited {done.returncode} on {' '.join(cmd)}: " + " | ".join(said))
-    return parse_output(text)
+    try:
+        return parse_output(text)
+    except ValueError as e:
+        raise MissingSummary(str(e)) from None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ _VERIFY_REPS_HELP = (f"repetitions of every verify pass per prompt (demo: {_DEMO
 _DRAFT_HELP = "your draft model (a GGUF file beside a .gguf --model; repeat for several), priced on your prompts"
 _NGRAM_HELP = ("price llama.cpp's n-gram drafter MODE[:N]: ngram-mod (N: n-match, default 24) or ngram-simple "
                "(N: size-n, default 12); repeatable")
+_LLAMA_CHECK_HELP = ("then llama.cpp's own speculative decoding of your drafts on the held-out prompts, at the "
+                     "emitted settings, its defaults and every n-max (builds llama-speculative-simple once)")
 _PROMPTS_HELP = "your prompts: one per line, or JSONL chats (default: the shipped ones); half calibrate, half check"
 
 
@@ -203,6 +205,7 @@ def demo_command(
     ngram: Optional[list[str]] = typer.Option(None, "--ngram", help=_NGRAM_HELP),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help=_PROMPTS_HELP),
     temperature: float = typer.Option(0.0, "--temperature", callback=interval(0.0), help="sampling of your drafts"),
+    llama_check: bool = typer.Option(False, "--llama-check", help=_LLAMA_CHECK_HELP),
     top_p: Optional[float] = typer.Option(None, "--top-p", callback=interval(0.0, 1.0, lo_open=True),
                                           help="nucleus sampling of your drafts' acceptance"),
 ) -> None:
@@ -218,7 +221,8 @@ def demo_command(
                                      routing=routing, gguf_type=gguf_type, threads=threads,
                                      measure={"oracle_reps": oracle_reps, "reps": verify_reps},
                                      drafts=draft or (), prompt_lookup=prompt_lookup, ngrams=ngram or (),
-                                     prompts=prompts, candidate={"temperature": temperature, "top_p": top_p})
+                                     prompts=prompts, candidate={"temperature": temperature, "top_p": top_p},
+                                     llama_check=llama_check)
         run_demo(out_dir, config=config, progress=not smoke, restart=restart,
                  echo=lambda text: console.print(text, markup=False, highlight=False))
     except (ValueError, FileNotFoundError) as e:
