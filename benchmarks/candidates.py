@@ -7,7 +7,8 @@ users bring, one demo run each, at the demo's settings on llama.cpp (issue 50, "
               random-weight checkpoint) with moespec's prompt lookup and llama.cpp's ngram-mod
 
 Each row: the candidates' predicted k̂* and speedup (calibration half), the held-out check (moespec's
-engine at every fixed k on prompts the estimate never read), the score against the issue's goals
+engine at every fixed k on prompts the estimate never read; llama.cpp's own speculative decoding at the
+emitted settings, its defaults and every n-max, `--llama-check`), the score against the issue's goals
 (k̂* within one, throughput lost at k̂* <= 3%, predicted speedup within 5%, the named best within
 2% of the measured best), and the chain's wall time. Run it on a quiet machine: the check is timed.
 
@@ -55,8 +56,8 @@ def run_pair(name: str, work: Path, threads: int) -> dict:
 
     target, flags = (trained_pair if name == "trained" else converted_pair)(work)
     out = work / f"demo-{name}"
-    cmd = [sys.executable, "-m", "moespec.cli.main", "demo", "--model", str(target), *flags, "--threads", str(threads),
-           "--out-dir", str(out), "--restart"]
+    cmd = [sys.executable, "-m", "moespec.cli.main", "demo", "--model", str(target), *flags, "--llama-check",
+           "--threads", str(threads), "--out-dir", str(out), "--restart"]
     print("+", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
     done = subprocess.run(cmd)
@@ -65,6 +66,7 @@ def run_pair(name: str, work: Path, threads: int) -> dict:
     if done.returncode == 0:
         row["candidates"] = artifacts.load(out / "candidates.json", "candidates")["payload"]
         row["score"] = artifacts.load(out / "candidates-score.json", "candidates-score")["payload"]
+        row["llama"] = artifacts.load(out / "candidates-llama.json", "candidates-llama")["payload"]
     return row
 
 
