@@ -16,9 +16,10 @@ a candidate or a setting changed on the command line remakes that candidate's ar
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from moespec import artifacts, run_files
 from moespec.chain.run_folder import HELD, OWN, Step, drop, settings_changed
@@ -92,44 +93,43 @@ def draft_loader(threads: int | None, context: int | None):
     return load
 
 
-def close_draft(loaded) -> None:
-    close = getattr(getattr(loaded, "model", None), "close", None)
-    if close is not None:
-        close()
-
-
-def calibrate_step(model, tokenizer, *, candidate: dict, prompts: Path, knobs: dict, target_file: str | None,
-                   threads: int | None, context: int | None, path: Path) -> None:
-    """One candidate's calibration on the calibration half: its acceptance by position and its h(k)."""
-    from moespec.chain.candidates import Candidate, calibrate, load_candidate
-
-    halves = artifacts.load(prompts, run_files.KINDS[run_files.PROMPTS])["payload"]
-    loaded = load_candidate(Candidate.from_dict(candidate), tokenizer=tokenizer, load=draft_loader(threads, context),
-                            target_file=target_file)
-    try:
-        cal = calibrate(model, tokenizer, loaded, halves["calibration"], kmax=knobs["kmax"],
-                        new_tokens=knobs["new_tokens"], temperature=knobs["temperature"], top_p=knobs["top_p"],
-                        seed=knobs["seed"], cost_reps=knobs["cost_reps"])
-    finally:
-        close_draft(loaded)
-    artifacts.write(path, run_files.CALIBRATION_KIND, {**cal.to_dict(), "settings": dict(knobs)})
-
-
-def check_step(model, tokenizer, *, candidate: dict, prompts: Path, knobs: dict, target_file: str | None,
-               threads: int | None, context: int | None, path: Path) -> None:
-    """One candidate at every fixed k = 0..kmax on the held-out half, timed by moespec's engine."""
-    from moespec.chain.candidate_check import check_heldout
+@contextlib.contextmanager
+def opened(candidate: dict, prompts: Path, *, tokenizer, target_file: str | None, threads: int | None,
+           context: int | None) -> Iterator[tuple[Any, dict]]:
+    """(the candidate loaded, the prompts' halves); a draft model is closed on leaving."""
     from moespec.chain.candidates import Candidate, load_candidate
 
     halves = artifacts.load(prompts, run_files.KINDS[run_files.PROMPTS])["payload"]
     loaded = load_candidate(Candidate.from_dict(candidate), tokenizer=tokenizer, load=draft_loader(threads, context),
                             target_file=target_file)
     try:
+        yield loaded, halves
+    finally:
+        close = getattr(loaded.model, "close", None)
+        if close is not None:
+            close()
+
+
+def calibrate_step(model, tokenizer, *, candidate: dict, prompts: Path, knobs: dict, path: Path, **where) -> None:
+    """One candidate's calibration on the calibration half: its acceptance by position and its h(k).
+    where: target_file, threads, context (`opened`)."""
+    from moespec.chain.candidates import calibrate
+
+    with opened(candidate, prompts, tokenizer=tokenizer, **where) as (loaded, halves):
+        cal = calibrate(model, tokenizer, loaded, halves["calibration"], kmax=knobs["kmax"],
+                        new_tokens=knobs["new_tokens"], temperature=knobs["temperature"], top_p=knobs["top_p"],
+                        seed=knobs["seed"], cost_reps=knobs["cost_reps"])
+    artifacts.write(path, run_files.CALIBRATION_KIND, {**cal.to_dict(), "settings": dict(knobs)})
+
+
+def check_step(model, tokenizer, *, candidate: dict, prompts: Path, knobs: dict, path: Path, **where) -> None:
+    """One candidate at every fixed k = 0..kmax on the held-out half, timed by moespec's engine."""
+    from moespec.chain.candidate_check import check_heldout
+
+    with opened(candidate, prompts, tokenizer=tokenizer, **where) as (loaded, halves):
         check = check_heldout(model, tokenizer, loaded, halves["heldout"], kmax=knobs["kmax"],
                               new_tokens=knobs["new_tokens"], reps=knobs["check_reps"], seed=knobs["seed"],
                               temperature=knobs["temperature"], top_p=knobs["top_p"])
-    finally:
-        close_draft(loaded)
     artifacts.write(path, run_files.CHECK_KIND, {**check.to_dict(), "settings": dict(knobs)})
 
 
