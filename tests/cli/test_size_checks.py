@@ -109,3 +109,11 @@ def test_batch_step_times_past_the_longest_draft_are_refused_at_once(monkeypatch
     times = ",".join(str(10 + k) for k in range(200))
     refused(["settings", "--batch-step-times", f"4={times}", "-a", "0.5"], f"kmax = 199, above the {MAX_K}")
     refused(["theory", "--step-times", times], f"kmax = 199, above the {MAX_K}")
+
+
+def test_numbers_beyond_a_float_are_refused_naming_them():
+    """1e999 is an exact Fraction but no float: the step points overflowed with a traceback; now a usage error."""
+    refused(["theory", "--step-times", "10,1e999"], "'1e999' is beyond a float's range")
+    refused(["theory", "--step-times", "1e-999,10"], "'1e-999' is beyond a float's range")
+    refused(["theory", "--step-times", "1e-300,1e300"], "span more than a float's range")
+    refused(["theory", "--step-times", "10,11", "-a", "-0.1"], "-0.1: acceptance a = -1/10 is outside [0, 1)")
