@@ -117,3 +117,15 @@ def test_numbers_beyond_a_float_are_refused_naming_them():
     refused(["theory", "--step-times", "1e-999,10"], "'1e-999' is beyond a float's range")
     refused(["theory", "--step-times", "1e-300,1e300"], "span more than a float's range")
     refused(["theory", "--step-times", "10,11", "-a", "-0.1"], "-0.1: acceptance a = -1/10 is outside [0, 1)")
+
+
+def test_a_gguf_whose_key_length_runs_past_the_file_is_one_line(tmp_path, gguf):
+    """A flipped string length in the header asked the reader for 1 TB (MemoryError, a traceback)."""
+    from pathlib import Path
+
+    data = bytearray(Path(gguf).read_bytes())
+    data[24:32] = (2 ** 40).to_bytes(8, "little")  # the first key's length
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    r = runner.invoke(app, ["generate", "--target", str(bad), "--prompt", "hi", "--max-new-tokens", "2"])
+    assert r.exit_code == 2 and "bad.gguf" in r.output and r.output.startswith("error: "), (r.output, r.exception)
