@@ -282,7 +282,7 @@ FIELD_EDITS = [
     ("prediction", "V-text", _set("x", "depths", 0, "versions", "calibrated", "V")),
     ("prediction", "depths-empty", _set([], "depths")),
     ("prediction", "V-negative", _set([-1.0, -2.0, -3.0], "depths", 0, "versions", "calibrated", "V", "dedup")),
-    ("measurement", "no-oracle", _drop("oracle")),
+    ("measurement", "no-oracle", _drop("oracle"), "exit1"),  # nothing to score: exit 1, nothing written
     ("measurement", "oracle-text", _set("x", "oracle")),
 ]
 
@@ -451,9 +451,14 @@ def trace_probes(c: dict) -> list[Probe]:
         for command, args in uses.items():
             ok = variant == "other-model" and command == "reuse"  # any trace's reuse can be computed
             probes.append(Probe("trace files", f"{command} on a {variant} trace", args(str(path)),
-                                expect="ok" if ok else "error", names=() if ok else (path.name,),
+                                expect="ok" if ok else "error", names=() if ok else ((path.name, "trace", "routing") if variant == "other-model" else (path.name,),),
                                 timeout=WORK_S if ok else REFUSE_S))
     return probes
+
+
+def role(kind: str) -> str:
+    """How a message may name an artifact other than by its path: by the option it came in, the role it plays."""
+    return "characterization" if kind == "characterization" else kind.split("-")[0]
 
 
 def artifact_probes(c: dict) -> list[Probe]:
@@ -478,11 +483,13 @@ def artifact_probes(c: dict) -> list[Probe]:
         for variant, path in c["artifacts"][source.get(slot, slot)].items():
             if slot in source and variant not in few:
                 continue
-            probes.append(Probe("artifacts", f"{slot}: {variant}", args(str(path)), names=(path.name,)))
-    for kind, name, path in c["edited"]:
+            probes.append(Probe("artifacts", f"{slot}: {variant}", args(str(path)),
+                                names=((path.name, role(source.get(slot, slot))),)))
+    for kind, name, path, expect in c["edited"]:
         for slot, args in slots.items():
             if source.get(slot, slot) == kind and slot != "step-times-from":
-                probes.append(Probe("artifacts", f"{slot}: edited {name}", args(str(path)), names=(path.name,)))
+                probes.append(Probe("artifacts", f"{slot}: edited {name}", args(str(path)), expect=expect,
+                                    names=((path.name, role(kind)),) if expect == "error" else ()))
     return probes
 
 
@@ -731,8 +738,8 @@ def build_cache(cache: Path) -> dict:
     c["traces"] = hostile_traces(cache, c["trace"], other, c["prediction"])
     c["artifacts"] = {name: hostile_artifacts(cache, c[name])
                       for name in ("characterization", "measurement-base", "measurement", "prediction")}
-    c["edited"] = [(kind, name, edited(c[kind], cache / "hostile" / kind / f"edit-{name}.json", edit))
-                   for kind, name, edit in FIELD_EDITS]
+    c["edited"] = [(kind, name, edited(c[kind], cache / "hostile" / kind / f"edit-{name}.json", edit),
+                    expect[0] if expect else "error") for kind, name, edit, *expect in FIELD_EDITS]
     c["long_prompt"] = cache / "long-prompt.txt"
     c["long_prompt"].write_text("the quick brown fox jumps over the lazy dog. " * 600)  # 27,000 bytes
     return c
