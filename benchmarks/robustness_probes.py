@@ -500,7 +500,7 @@ def unicode_chain(probe: Probe, work: Path) -> tuple[str, str]:
     if rc != 0:
         return classify("ok", (), rc, out), out
     rc, out2, _ = run_cli(["reuse", str(folder / "t.parquet"), "--n", "1..3"], WORK_S)
-    return classify("ok", ("rho",), rc, out2), out + out2
+    return classify("ok", ("ρ(n)",), rc, out2), out + out2
 
 
 def file_probes(c: dict) -> list[Probe]:
@@ -602,8 +602,10 @@ def interrupted_demo(sig: int, after: float) -> Callable[[Probe, Path], tuple[st
         try:
             first, _ = p.communicate(timeout=REFUSE_S)
         except subprocess.TimeoutExpired:
+            still = subprocess.run(["ps", "-o", "pid,stat,etime,args", "-s", str(p.pid)], capture_output=True,
+                                   text=True).stdout  # what is still running, for the record
             os.killpg(p.pid, signal.SIGKILL)
-            return "hang", p.communicate()[0]
+            return "hang", f"still running {REFUSE_S} s after the signal:\n{still}\n{p.communicate()[0][-1500:]}"
         if "Traceback (most recent call last)" in first:
             return "traceback", first
         said = sig != signal.SIGINT or "again to resume" in " ".join(first.split()) or p.returncode == 0
@@ -709,7 +711,9 @@ def race_probes(c: dict) -> list[Probe]:
              "--prompt-tokens", "16", "--max-new-tokens", "8", "--reps", "1", "--trace-tokens", "768"]
     probes = [Probe("interrupt", f"demo --smoke: {name} at {t} s, then rerun", run=interrupted_demo(sig, t),
                     expect="ok", timeout=600)
-              for name, sig in (("SIGINT", signal.SIGINT), ("SIGKILL", signal.SIGKILL)) for t in (8, 20, 35)]
+              for name, sig, t in (("SIGINT", signal.SIGINT, 3), ("SIGINT", signal.SIGINT, 20),
+                                   ("SIGINT", signal.SIGINT, 40), ("SIGKILL", signal.SIGKILL, 15),
+                                   ("SIGKILL", signal.SIGKILL, 35))]  # 3 s: still importing
     return [*probes,
             Probe("concurrency", "a second demo in a running demo's folder", demo, run=second_chain(demo, demo, 12)),
             Probe("concurrency", "a second batch in a running batch's folder", batch, run=second_chain(batch, batch, 10)),
