@@ -788,26 +788,36 @@ def main() -> None:
         print(f"{len(probes)} probes")
         return
     work = Path(tempfile.mkdtemp(prefix="moespec-probes-work-"))
-    heavy = [p for p in probes if p.run is not None]  # started first: the longest
-    order = [*heavy, *(p for p in probes if p.run is None)]
+    import random
+
+    plain = [p for p in probes if p.run is None]
+    random.Random(0).shuffle(plain)  # every command early: a run cut short still covers them all
+    order = [*(p for p in probes if p.run is not None), *plain]  # the longest first
+    results = []
     with ThreadPoolExecutor(a.workers) as pool:
         futures = [pool.submit(execute, p, work / f"{i:03d}") for i, p in enumerate(order)]
-        results = []
         for i, f in enumerate(futures):
             results.append(f.result())
             r = results[-1]
             print(f"[{i + 1}/{len(order)}] {r['outcome']:15} {r['seconds']:6.1f}s  {r['group']}: {r['name']}", flush=True)
+            write(a, results, len(order), start)  # after each probe: a run cut short keeps what it found
     for path in work.rglob("*"):  # read-only folders made by probes
         if path.is_dir():
             path.chmod(0o755)
     shutil.rmtree(work, ignore_errors=True)
-    summary = {"command": "nice -n 10 python benchmarks/robustness_probes.py", "workers": a.workers,
-               "seconds": round(time.perf_counter() - start), "euid": os.geteuid(), "cpus": os.cpu_count(),
-               "counts": dict(Counter(r["outcome"] for r in results)), "probes": results}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     print(tally(results))
-    print(f"{len(results)} probes in {summary['seconds']} s; wrote {a.out}")
+    print(f"{len(results)} probes in {round(time.perf_counter() - start)} s; wrote {a.out}")
+
+
+def write(a, results: list[dict], planned: int, start: float) -> None:
+    summary = {"command": "nice -n 10 python benchmarks/robustness_probes.py", "workers": a.workers,
+               "planned": planned, "complete": len(results) == planned,
+               "seconds": round(time.perf_counter() - start), "euid": os.geteuid(), "cpus": os.cpu_count(),
+               "counts": dict(Counter(r["outcome"] for r in results)), "tally": tally(results), "probes": results}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = a.out.with_name(a.out.name + ".partial")
+    tmp.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
+    tmp.replace(a.out)
 
 
 if __name__ == "__main__":
