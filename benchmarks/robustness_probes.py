@@ -779,6 +779,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args()
     CACHE = a.cache
+    # A shell starts a background job with SIGINT ignored, and its children inherit that: the probes'
+    # Ctrl-C would reach no handler. A handled signal is reset to its default in every child.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     start = time.perf_counter()
     c = build_cache(a.cache)
     probes = [p for p in all_probes(c) if not a.only or a.only in p.group or a.only in p.name]
