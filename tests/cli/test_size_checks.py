@@ -129,3 +129,9 @@ def test_a_gguf_whose_key_length_runs_past_the_file_is_one_line(tmp_path, gguf):
     bad.write_bytes(bytes(data))
     r = runner.invoke(app, ["generate", "--target", str(bad), "--prompt", "hi", "--max-new-tokens", "2"])
     assert r.exit_code == 2 and "bad.gguf" in r.output and r.output.startswith("error: "), (r.output, r.exception)
+
+
+def test_a_bad_batch_step_time_names_its_option_and_batch_size():
+    """It named '--step-times', an option the command was not given."""
+    refused(["settings", "-a", "0.5", "--batch-step-times", "4=1,nan"], "'--batch-step-times' 4=", "'nan'")
+    refused(["settings", "-a", "0.5", "--batch-step-times", "4="], "'--batch-step-times' 4=", "is empty")
