@@ -34,9 +34,11 @@ import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from robustness_files import FIELD_EDITS, edited, hostile_artifacts, hostile_ggufs, hostile_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "robustness" / "probes.json"
@@ -140,153 +142,6 @@ def made(args: list[str], path: Path, timeout: float = 600) -> Path:
     return path
 
 
-def patch_gguf_int(src: Path, dst: Path, key: str, value: int) -> None:
-    """A copy of the GGUF file `src` whose integer metadata `key` holds `value` (patched in place)."""
-    import struct
-
-    data = bytearray(src.read_bytes())
-    at = data.index(key.encode()) + len(key)
-    kind = struct.unpack_from("<I", data, at)[0]
-    struct.pack_into({4: "<I", 5: "<i", 10: "<Q", 11: "<q"}[kind], data, at + 4, value)
-    dst.write_bytes(bytes(data))
-
-
-def flipped(src: Path, dst: Path, at: int, count: int = 8) -> None:
-    """A copy of `src` with `count` bytes from offset `at` (negative: from the end) inverted."""
-    data = bytearray(src.read_bytes())
-    start = at % len(data)
-    for i in range(start, min(start + count, len(data))):
-        data[i] ^= 0xFF
-    dst.write_bytes(bytes(data))
-
-
-def truncated(src: Path, dst: Path, size: int) -> None:
-    dst.write_bytes(src.read_bytes()[:size])
-
-
-def hostile_ggufs(cache: Path, good: Path) -> dict[str, Path]:
-    h = cache / "hostile"
-    h.mkdir(exist_ok=True)
-    size = good.stat().st_size
-    files = {name: h / f"{name}.gguf" for name in (
-        "empty", "text", "header-cut", "half", "magic", "version", "kv-count", "used-above-count", "count-zero",
-        "key-length", "tensor-bytes")}
-    files["empty"].write_bytes(b"")
-    files["text"].write_text("this is not a model\n")
-    truncated(good, files["header-cut"], 2000)
-    truncated(good, files["half"], size // 2)
-    flipped(good, files["magic"], 0, 1)
-    data = bytearray(good.read_bytes())
-    data[4:8] = (99).to_bytes(4, "little")
-    files["version"].write_bytes(bytes(data))
-    data = bytearray(good.read_bytes())
-    data[16:24] = (2 ** 60).to_bytes(8, "little")  # key-value count
-    files["kv-count"].write_bytes(bytes(data))
-    patch_gguf_int(good, files["used-above-count"], "olmoe.expert_used_count", 100)
-    patch_gguf_int(good, files["count-zero"], "olmoe.expert_count", 0)
-    data = bytearray(good.read_bytes())
-    data[24:32] = (2 ** 40).to_bytes(8, "little")  # the first key's length
-    files["key-length"].write_bytes(bytes(data))
-    flipped(good, files["tensor-bytes"], -200_000, 64)  # inside the last tensor's data: no checksum can tell
-    return files
-
-
-def hostile_traces(cache: Path, good: Path, other: Path, json_file: Path) -> dict[str, Path]:
-    h = cache / "hostile"
-    h.mkdir(exist_ok=True)
-    files = {name: h / f"{name}.parquet" for name in ("empty", "text", "half", "footer", "magic", "json")}
-    files["empty"].write_bytes(b"")
-    files["text"].write_text("doc,token\n")
-    truncated(good, files["half"], good.stat().st_size // 2)
-    flipped(good, files["footer"], -8, 4)  # the footer's length
-    flipped(good, files["magic"], -4, 4)
-    shutil.copy(json_file, files["json"])
-    files["other-model"] = other
-    files["missing"] = h / "missing.parquet"
-    files["folder"] = h / "folder.parquet"
-    files["folder"].mkdir(exist_ok=True)
-    return files
-
-
-def edited(src: Path, dst: Path, edit: Callable[[dict], None]) -> Path:
-    doc = json.loads(src.read_text())
-    edit(doc)
-    dst.write_text(json.dumps(doc))
-    return dst
-
-
-def other_model(doc: dict) -> None:
-    doc["payload"]["model"] = "synthetic:mixtral-tiny"
-    prov = doc["payload"].get("provenance")
-    if isinstance(prov, dict):
-        prov["model"], prov["fingerprint"] = "synthetic:mixtral-tiny", "0123456789abcdef"
-
-
-GENERIC_EDITS: dict[str, Callable[[dict], None]] = {
-    "kind": lambda d: d.update(kind="bogus"),
-    "schema": lambda d: d.update(schema_version=99),
-    "no-payload": lambda d: d.pop("payload"),
-    "payload-list": lambda d: d.update(payload=[]),
-    "other-model": other_model,
-}
-
-
-def hostile_artifacts(cache: Path, good: Path) -> dict[str, Path]:
-    """Broken copies of the artifact `good`: cut, not UTF-8, not JSON, a list, edited header fields,
-    another model's; and a missing file and a folder in its place."""
-    h = cache / "hostile" / good.stem
-    h.mkdir(parents=True, exist_ok=True)
-    files = {name: h / f"{name}.json" for name in ("empty", "half", "latin1", "text", "list")}
-    files["empty"].write_bytes(b"")
-    truncated(good, files["half"], good.stat().st_size // 2)
-    files["latin1"].write_bytes(good.read_bytes().replace(b'"payload"', '"payload" \xff'.encode("latin-1"), 1))
-    files["text"].write_text("not json\n")
-    files["list"].write_text("[1, 2, 3]")
-    for name, edit in GENERIC_EDITS.items():
-        files[name] = edited(good, h / f"{name}.json", edit)
-    files["missing"] = h / "missing.json"
-    files["folder"] = h / "folder.json"
-    files["folder"].mkdir(exist_ok=True)
-    return files
-
-
-# field edits of one kind of artifact: (file, name, edit)
-def _drop(*path):
-    def edit(doc):
-        node = doc["payload"]
-        for p in path[:-1]:
-            node = node[p]
-        node.pop(path[-1]) if isinstance(node, dict) else node.pop(int(path[-1]))
-    return edit
-
-
-def _set(value, *path):
-    def edit(doc):
-        node = doc["payload"]
-        for p in path[:-1]:
-            node = node[p]
-        node[path[-1]] = value
-    return edit
-
-
-FIELD_EDITS = [
-    ("characterization", "no-fits", _drop("fits")),
-    ("characterization", "eps-text", _set("x", "eps")),
-    ("characterization", "no-layers", _drop("layers")),
-    ("characterization", "N-3", _set(3, "N")),
-    ("characterization", "u_bar-null", _set(None, "u_bar")),
-    ("measurement-base", "no-verify", _drop("verify")),
-    ("measurement-base", "h-text", _set("x", "h")),
-    ("measurement-base", "verify-empty", _set([], "verify")),
-    ("prediction", "no-depths", _drop("depths")),
-    ("prediction", "V-text", _set("x", "depths", 0, "versions", "calibrated", "V")),
-    ("prediction", "depths-empty", _set([], "depths")),
-    ("prediction", "V-negative", _set([-1.0, -2.0, -3.0], "depths", 0, "versions", "calibrated", "V", "dedup")),
-    ("measurement", "no-oracle", _drop("oracle"), "exit1"),  # nothing to score: exit 1, nothing written
-    ("measurement", "oracle-text", _set("x", "oracle")),
-]
-
-
 # ---- the probes ----
 
 def bad_values(group: str, base: list[str], option: str, values: list[str],
@@ -300,13 +155,9 @@ def bad_values(group: str, base: list[str], option: str, values: list[str],
 
 def number_probes(c: dict) -> list[Probe]:
     """Bad numbers (NaN, inf, negative, zero, huge, not a number) for every command's options."""
-    w = "{work}"
     gen = ["generate", "--target", TINY, "--prompt", "hi", "--max-new-tokens", "4"]
-    meas = ["measure", "--model", TINY, "--out", f"{w}/m.json"]
-    char = ["characterize", "--model", TINY, "--traces", str(c["trace"]), "--out", f"{w}/c.json"]
-    batch = ["batch", "--model", str(c["gguf"]), "--out-dir", f"{w}/b"]
     g = str(c["gguf"])
-    probes = [
+    return [
         *bad_values("theory", ["theory"], "--step-times", ["", "10,,11", "10,nan", "10,inf", "10,-1", "0,0", "abc",
                                                             "1e999", "10,11,-inf", "1e-999,10", "1e-300,1e300",
                                                             ",".join(["10"] * 200)], names=()),
@@ -338,6 +189,16 @@ def number_probes(c: dict) -> list[Probe]:
                     ["0", "10000"]),
         *bad_values("generate", ["generate", "--target", g, "--prompt", "hi"], "--max-new-tokens", ["1000000000"]),
         *bad_values("generate", ["generate", "--prompt", "hi"], "--target", ["bogus", "trained:bogus", "/no/such.gguf"]),
+    ]
+
+
+def more_number_probes(c: dict) -> list[Probe]:
+    """The bad numbers of measure, characterize, trace, trace-verified and reuse."""
+    w = "{work}"
+    g = str(c["gguf"])
+    meas = ["measure", "--model", TINY, "--out", f"{w}/m.json"]
+    char = ["characterize", "--model", TINY, "--traces", str(c["trace"]), "--out", f"{w}/c.json"]
+    return [
         *bad_values("measure", meas, "--depth", ["0", "-1", "100000000", "nan"]),
         *bad_values("measure", meas, "--k", ["65", "-1"]),
         *bad_values("measure", meas, "--acceptance", ["1", "nan", "-0.1"]),
@@ -377,6 +238,15 @@ def number_probes(c: dict) -> list[Probe]:
         *bad_values("trace-verified", ["trace-verified", "--model", TINY, "--out", f"{w}/v.parquet"], "--stride", ["-1"]),
         *bad_values("reuse", ["reuse", str(c["trace"])], "--n", ["0..3", "abc", "5..2"]),
         *bad_values("reuse", ["reuse", str(c["trace"])], "--resamples", ["0"]),
+    ]
+
+
+def last_number_probes(c: dict) -> list[Probe]:
+    """The bad numbers of batch, demo, gate, export-gguf and train."""
+    w = "{work}"
+    g = str(c["gguf"])
+    batch = ["batch", "--model", str(c["gguf"]), "--out-dir", f"{w}/b"]
+    return [
         *bad_values("batch", batch, "--batch-sizes", ["0", "1,1", "a", "100000"]),
         *bad_values("batch", batch, "--max-k", ["0", "17"]),
         *bad_values("batch", batch, "--prompt-tokens", ["1", "100000"]),
@@ -407,7 +277,6 @@ def number_probes(c: dict) -> list[Probe]:
         Probe("train", "train bogus recipe", ["train", "bogus", "--out", f"{w}/tr"], names=("bogus",)),
         Probe("export-gguf", "export-gguf bogus spec", ["export-gguf", "synthetic:bogus", f"{w}/x.gguf"]),
     ]
-    return probes
 
 
 def gguf_probes(c: dict) -> list[Probe]:
@@ -557,6 +426,13 @@ def file_probes(c: dict) -> list[Probe]:
               prepare=read_only, expect=ro, names=() if root else ("ro",), timeout=WORK_S),
         Probe("files", "unicode paths: trace then reuse", run=unicode_chain, expect="ok", timeout=WORK_S),
         Probe("files", "presets", ["presets"], expect="ok", names=("synthetic:olmoe-tiny",)),
+    ]
+
+
+def works_probes(c: dict) -> list[Probe]:
+    """What must simply work, beside the probes that must not."""
+    w = "{work}"
+    return [
         Probe("works", "theory", ["theory", "--step-times", "10,11,13", "-a", "0.5"], expect="ok", timeout=WORK_S),
         Probe("works", "settings", ["settings", "--step-times", "10,11,13", "-a", "0.5"], expect="ok", timeout=WORK_S),
         Probe("works", "reuse --n 1", ["reuse", str(c["trace"]), "--n", "1"], expect="ok", timeout=WORK_S),
@@ -750,8 +626,8 @@ def build_cache(cache: Path) -> dict:
 
 
 def all_probes(c: dict) -> list[Probe]:
-    return [*number_probes(c), *gguf_probes(c), *trace_probes(c), *artifact_probes(c), *file_probes(c),
-            *race_probes(c)]
+    return [*number_probes(c), *more_number_probes(c), *last_number_probes(c), *gguf_probes(c), *trace_probes(c),
+            *artifact_probes(c), *file_probes(c), *works_probes(c), *race_probes(c)]
 
 
 def tally(results: list[dict]) -> str:
