@@ -13,6 +13,7 @@ holds an element type u32, a count u64 and the elements. No tensor is read.
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from typing import BinaryIO, Iterable
@@ -24,7 +25,10 @@ STRING, ARRAY = 8, 9
 
 
 def read_exact(f: BinaryIO, n: int) -> bytes:
-    """n bytes, or a ValueError naming the file when it ends first (a damaged or cut file)."""
+    """n bytes, or a ValueError naming the file when it ends first (a damaged or cut file); a length
+    past the file's end is refused before it is read (a flipped length asked for 1 TB: MemoryError)."""
+    if n > os.fstat(f.fileno()).st_size - f.tell():
+        raise ValueError(f"{f.name} ends inside its GGUF metadata; copy or convert the file again")
     data = f.read(n)
     if len(data) != n:
         raise ValueError(f"{f.name} ends inside its GGUF metadata; copy or convert the file again")

@@ -15,6 +15,7 @@ from rich.table import Table
 from moespec.cli.app import app, cli_console
 from moespec.cli.checks import interval, output_folder
 from moespec.cli.options import parse_acceptances, parse_sizes
+from moespec.cli.sizes import check_batch_model, check_batch_trace
 
 DEFAULT_ACCEPTANCES = ("0.3", "0.5", "0.7", "0.8", "0.9", "0.95")
 
@@ -84,6 +85,8 @@ def batch_command(
             new_tokens=max_new_tokens, reps=reps, trace_tokens=trace_tokens, threads=threads)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="'--max-new-tokens'") from e
+    check_batch_trace(knobs)
+    check_batch_model(model, knobs, "--prompt-tokens")
     console = cli_console()
     prediction, score = run_batch_chain(model, out_dir, knobs, restart=restart,
                                         echo=lambda text: console.print(text, markup=False))

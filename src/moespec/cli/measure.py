@@ -13,6 +13,7 @@ from moespec.texts import PROMPT_COUNT
 from moespec.cli.app import app, cli_console
 from moespec.cli.checks import MAX_DRAFT, ROUTING_HELP, interval, model_spec, output_file, routing_file
 from moespec.cli.options import parse_layers
+from moespec.cli.sizes import check_batch_model, check_measure
 from moespec.cli.loading import BACKEND_HELP
 from moespec.kernel_names import ENGINE_KERNELS
 from moespec.run_files import MEASUREMENT
@@ -108,6 +109,7 @@ def measure_command(
                    acceptances=acceptance or None, ns=range(1, n_max + 1) if n_max else None,
                    scaling_ns=range(1, scaling_n_max + 1) if scaling_n_max is not None else None,
                    flush=None if flush else False)
+    check_measure(model, backend, full=full, base=base, layers=layers, knobs=knobs)  # before the model loads
     try:
         if verified is not None:
             knobs.update(_verified(verified, op_layers))
@@ -175,6 +177,7 @@ def _measure_batch(model: str, batch_sizes: str, *, k, acceptance, depth, new_to
                            acceptances=tuple(float(a) for a in acceptance or DEFAULT_ACCEPTANCES),
                            prompt_tokens=depth[0] if depth else 128, new_tokens=new_tokens or 48, reps=reps or 3,
                            threads=threads)
+        check_batch_model(path, knobs, "--depth")
         payload = measure(path, out, knobs)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e

@@ -20,33 +20,50 @@ MAX_K = 64
 def parse_number(text: str, option: str) -> Fraction:
     """A decimal or a ratio such as 7/20, kept exact so that the calculator computes exactly."""
     try:
-        return Fraction(text.strip())
+        value = Fraction(text.strip())
     except (ValueError, ZeroDivisionError):
         raise typer.BadParameter(f"{text!r} is not a number (write 12.5 or 25/2)", param_hint=option) from None
+    try:
+        tiny = float(value) == 0 != value  # the calculator's floats must hold it: 1e999 is exact here but no float
+    except OverflowError:
+        tiny = None
+    if tiny is not False:
+        raise typer.BadParameter(f"{text!r} is beyond a float's range (about 1e-308 to 1.8e308)", param_hint=option)
+    return value
 
 
-def parse_step_times(text: str) -> list:
-    """V(0..kmax) from "10,11,13": every entry a positive number (an empty one is a typo, not skipped)."""
+def parse_step_times(text: str, option: str = "'--step-times'") -> list:
+    """V(0..kmax) from "10,11,13": every entry a positive number (an empty one is a typo, not skipped);
+    errors name `option`."""
     entries = text.split(",")
     if len(entries) > MAX_K + 1:
         raise typer.BadParameter(f"{len(entries)} step times give kmax = {len(entries) - 1}, above the {MAX_K} this "
-                                 f"calculator takes; give V(0),...,V(kmax) with kmax <= {MAX_K}", param_hint="'--step-times'")
+                                 f"calculator takes; give V(0),...,V(kmax) with kmax <= {MAX_K}", param_hint=option)
     for i, entry in enumerate(entries):
         if not entry.strip():
             raise typer.BadParameter(f"entry {i + 1} of {text!r} is empty; write V(0),V(1),... such as 10,11,13",
-                                     param_hint="'--step-times'")
+                                     param_hint=option)
     try:
-        return check_step_times([parse_number(v, "'--step-times'") for v in entries])
+        V = check_step_times([parse_number(v, option) for v in entries])
     except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="'--step-times'") from None
+        raise typer.BadParameter(str(e), param_hint=option) from None
+    try:
+        float(max(V) / min(V))  # the step points divide one step time by another
+    except OverflowError:
+        raise typer.BadParameter(f"{text!r}: the step times span more than a float's range; give them in one unit "
+                                 "such as ms", param_hint=option) from None
+    return V
 
 
 def parse_acceptances(texts: list[str]) -> list:
     """Acceptance rates a in [0, 1), exact, from ["0.5", "9/10"]."""
-    try:
-        return [check_acceptance(parse_number(a, "'--acceptance'")) for a in texts]
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="'--acceptance'") from None
+    out = []
+    for a in texts:
+        try:
+            out.append(check_acceptance(parse_number(a, "'--acceptance'")))
+        except ValueError as e:  # name the text as written (-0.1), not only its exact value (-1/10)
+            raise typer.BadParameter(f"{a}: {e}", param_hint="'--acceptance'") from None
+    return out
 
 
 def acceptance_grid(texts: list[str] | None) -> list:
@@ -64,7 +81,7 @@ def parse_batch_step_times(texts: list[str]) -> dict:
                                      param_hint="'--batch-step-times'")
         if int(B) in out:
             raise typer.BadParameter(f"batch size {int(B)} is given twice", param_hint="'--batch-step-times'")
-        V = parse_step_times(times)
+        V = parse_step_times(times, f"'--batch-step-times' {B.strip()}=")
         if len(V) < 2:
             raise typer.BadParameter(f"{text!r} gives only V(0); give V(0),V(1),... (kmax >= 1)",
                                      param_hint="'--batch-step-times'")
