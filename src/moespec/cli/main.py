@@ -1,7 +1,13 @@
 """Entry point: import every command module (each registers itself on `app`), then run."""
 
-from moespec.cli import batch, chain, characterize, export, gate, generate, measure, models, settings, theory, traces, train  # noqa: F401  (registration)
-from moespec.cli.app import app
+import sys
+
+try:
+    from moespec.cli import batch, chain, characterize, export, gate, generate, measure, models, settings, theory, traces, train  # noqa: F401,E501  (registration)
+    from moespec.cli.app import app
+except KeyboardInterrupt:  # Ctrl-C while the commands load: nothing ran yet, so no traceback
+    sys.stderr.write("interrupted while moespec was starting; nothing was run\n")
+    raise SystemExit(130) from None
 
 
 def main() -> None:
