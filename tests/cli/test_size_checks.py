@@ -135,3 +135,17 @@ def test_a_bad_batch_step_time_names_its_option_and_batch_size():
     """It named '--step-times', an option the command was not given."""
     refused(["settings", "-a", "0.5", "--batch-step-times", "4=1,nan"], "'--batch-step-times' 4=", "'nan'")
     refused(["settings", "-a", "0.5", "--batch-step-times", "4="], "'--batch-step-times' 4=", "is empty")
+
+
+def test_settings_timed_batch_sizes_beyond_llama_cpp_sequences_are_refused_before_timing(gguf, monkeypatch):
+    from moespec.cli.sizes import max_sequences
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the passes were timed before the sizes were checked")
+
+    monkeypatch.setattr("moespec.bench.batch_passes.batch_step_times", forbidden)
+    most = max_sequences()
+    refused(["settings", "--timed", gguf, "--batch-sizes", f"1,{most + 1}", "--acceptance", "0.7"],
+            f"batch size {most + 1}", f"the {most} llama.cpp decodes together")
+    refused(["settings", "--timed", gguf, "--batch-sizes", "1,2", "--timed-depth", "100000", "--acceptance", "0.7"],
+            "--timed-depth 100000", "positions")

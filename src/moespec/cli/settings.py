@@ -177,6 +177,13 @@ def _batch_step_times(*, batch_step_times, batch_sizes, timed, max_k, depth, rep
     from moespec.bench.batch_passes import batch_step_times as time_batches
 
     sizes = parse_sizes(batch_sizes)
+    from types import SimpleNamespace
+
+    from moespec.cli.sizes import check_batch_model
+
+    # B sequences, each holding the depth and a round at max_k, checked against the file before it loads
+    check_batch_model(timed, SimpleNamespace(sizes=tuple(sizes), prompt_tokens=depth, new_tokens=0, max_k=max_k),
+                      "--timed-depth")
     draft_file = Path(draft) if draft is not None and draft.endswith(".gguf") and Path(draft).is_file() else None
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"timing passes of {sizes} sequences on {timed.name}", total=None)
