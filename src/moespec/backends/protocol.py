@@ -98,9 +98,6 @@ class BatchModel(Protocol):
         """Up to `steps` greedy steps of every (sequence id, token) part in one call: (the ids produced
         [steps', parts], each step's seconds)."""
 
-    def identity(self) -> dict | None:
-        """What its pass times depend on, as JSON values (the batch warm start's store key); None: no key."""
-
 
 class NoMaximum(ValueError):
     """A logits row without a finite maximum below the vocabulary limit: `row` (of the pass's returned

@@ -38,7 +38,9 @@ def answer_lines(candidates: dict[str, Any], prompts: dict[str, Any] | None = No
                 f"drafting any of them predicts is {ans['best_drafting']:.2f}x plain decoding."]
     best = next(c for c in candidates["candidates"] if c["name"] == ans["best"])
     a = best["answer"]
-    band = f" (band {a['speedup_low']:.2f}x to {a['speedup_high']:.2f}x)" if a["speedup_high"] != float("inf") else ""
+    high = a["speedup_high"]  # None in JSON where the band is unbounded (δ >= 1: the bounds are vacuous)
+    band = f" (band {a['speedup_low']:.2f}x to {high:.2f}x)" if high is not None and high != float("inf") else \
+        " (no band: the prediction's step-time error bound is vacuous)"
     return [f"Your drafts ({names}){where}: the best is {ans['best']}, at draft length k = {ans['k_star']}, "
             f"{ans['speedup']:.2f}x plain decoding{band}. Its settings:", *engine_lines(ans["settings"])]
 
