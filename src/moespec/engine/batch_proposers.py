@@ -137,7 +137,9 @@ class BatchDraft:
 
     def identity(self) -> dict | None:
         """Its model's identity (`SpecModel.identity`); None when the model states none."""
-        model = self.model.identity()
+        from moespec.engine.step_store import stated
+
+        model = stated(self.model)
         return None if model is None else {"proposer": type(self).__name__, "options": {}, "draft": model}
 
 

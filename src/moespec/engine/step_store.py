@@ -78,12 +78,18 @@ def store_path() -> Path | None:
     return cache_dir() / "step-times.json"
 
 
+def stated(obj) -> dict | None:
+    """What `obj.identity()` states; None for an object without one (a batch model need not state it)."""
+    identity = getattr(obj, "identity", None)
+    return None if identity is None else identity()
+
+
 def store_key(target, proposer) -> dict | None:
     """The key of a call (module docstring) as JSON values; None when the store is off or the target
     or the proposer states no identity. A torch model's identity hashes its weights (once per module)."""
     if store_path() is None:
         return None
-    model, drafter = target.identity(), proposer.identity()
+    model, drafter = stated(target), stated(proposer)
     if model is None or drafter is None:
         return None
     return json.loads(json.dumps({"target": model, **drafter, "machine": machine_key()}))
