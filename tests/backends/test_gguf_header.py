@@ -27,3 +27,18 @@ def test_a_header_cut_short_is_named(converted, tmp_path):
     cut.write_bytes(converted["olmoe"]["q8_0"].read_bytes()[:4096])  # inside the vocabulary's array
     with pytest.raises(ValueError, match="cut.gguf ends inside its GGUF metadata"):
         read_metadata(cut, {"no.such.key"})  # read to the end of the section
+
+
+def test_a_file_with_an_impossible_key_length_is_named_by_the_cached_reader(converted, tmp_path):
+    """gguf's reader stops on such a file with an IndexError deep inside it; moespec's one reader
+    (`models.gguf_info.reader`, which every header read and the embedding go through) names the file."""
+    from moespec.models import gguf_info
+
+    bad = tmp_path / "key-length.gguf"
+    data = bytearray(converted["olmoe"]["q8_0"].read_bytes())
+    data[24:32] = (2 ** 40).to_bytes(8, "little")  # the first key's length
+    bad.write_bytes(bytes(data))
+    with pytest.raises(IndexError):
+        gguf.GGUFReader(bad)  # what the package itself does: the case this test is about
+    with pytest.raises(ValueError, match="key-length.gguf is not a readable GGUF file"):
+        gguf_info.reader(bad)

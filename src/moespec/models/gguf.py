@@ -90,10 +90,11 @@ def tokenizer(spec: str):
 
 @lru_cache(maxsize=2)
 def _embedding(path: str) -> torch.Tensor:
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    tensor = next((t for t in GGUFReader(path).tensors if t.name == "token_embd.weight"), None)
+    from moespec.models import gguf_info
+
+    tensor = gguf_info.tensors(path).get("token_embd.weight")
     if tensor is None:
         raise ValueError(f"{path} has no token_embd.weight tensor")
     return torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy()).float()

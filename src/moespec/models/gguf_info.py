@@ -20,6 +20,7 @@ A file it cannot read as an MoE model is refused with a ValueError naming what i
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -44,7 +45,7 @@ def _reader(path: str, mtime_ns: int):
         raise ValueError(f"reading {path} needs the gguf package ({e}); install it with: {GGUF_HINT}") from None
     try:
         return gguf.GGUFReader(path)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, IndexError, KeyError, OverflowError, struct.error) as e:  # a cut or edited header
         raise ValueError(f"{path} is not a readable GGUF file ({e}); convert the model again with llama.cpp's "
                          "convert_hf_to_gguf.py or `moespec export-gguf`") from None
 
