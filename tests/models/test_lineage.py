@@ -34,3 +34,15 @@ def test_check_chain_names_each_artifact_and_field_and_returns_what_they_share()
     assert str(e.value).endswith("\nrecord the trace with this model")
     legacy = {"model": "synthetic:olmoe-tiny", "N": 16, "m": 4}
     assert check_chain({"a": legacy, "b": {"provenance": OLMOE}}) == {k: OLMOE[k] for k in IDENTITY}
+
+
+@pytest.mark.parametrize("field, value", [("N", 3), ("m", 2)])
+def test_a_payload_whose_own_shape_differs_from_its_provenance_is_refused(field, value):
+    """An edited N (or m) would pass the identity check, which reads the provenance, while the chain
+    computes with the edited value: the payload is refused, naming the field and both values."""
+    edited = {"provenance": OLMOE, "N": 16, "m": 4, field: value}
+    with pytest.raises(ValueError) as e:
+        check_chain({"c.json": edited, "other": {"provenance": OLMOE}})
+    said = OLMOE["num_experts" if field == "N" else "top_k"]
+    assert f"c.json: its {field} = {value} but its provenance says" in str(e.value) and f"= {said}" in str(e.value)
+    assert check_chain({"c.json": {"provenance": OLMOE, "N": 16, "m": 4}})["num_experts"] == 16

@@ -51,6 +51,8 @@ def check_chain(named: Mapping[str, Mapping[str, Any] | RoutingTrace], *, fix: s
     """Refuse artifacts of different models (`provenance.check_same_model` on their identities);
     return the identity they share. named: {name shown in the message: payload, trace or header}.
     fix: the message's last line, in place of check_same_model's."""
+    for name, source in named.items():
+        _check_own_shape(name, source)
     ids = {name: identity(source) for name, source in named.items()}
     try:
         check_same_model(ids)
@@ -59,3 +61,20 @@ def check_chain(named: Mapping[str, Mapping[str, Any] | RoutingTrace], *, fix: s
             raise
         raise ProvenanceMismatch(str(e).rsplit("\n", 1)[0] + "\n" + fix, e.differences) from None
     return {k: next((i[k] for i in ids.values() if i[k] is not None), None) for k in IDENTITY}
+
+
+# a payload's own MoE fields and the identity fields its provenance states for them
+OWN_SHAPE = {"N": "num_experts", "m": "top_k"}
+
+
+def _check_own_shape(name: str, source: Mapping[str, Any] | RoutingTrace) -> None:
+    """Refuse a payload whose own N or m differs from its provenance's: one of the two was edited, and
+    the chain would otherwise compute with the edited value while its identity check passes."""
+    if isinstance(source, RoutingTrace) or "provenance" not in source:
+        return
+    stated = source["provenance"]
+    for field, key in OWN_SHAPE.items():
+        own, said = source.get(field), stated.get(key) if isinstance(stated, Mapping) else None
+        if own is not None and said is not None and own != said:
+            raise ValueError(f"{name}: its {field} = {own!r} but its provenance says {key} = {said!r}; the artifact "
+                             "was edited or mixes two models: make it again with the moespec step that writes it")
