@@ -75,3 +75,35 @@ def test_score_names_a_prediction_without_step_times(tmp_path):
                                                             str(meas), "--out", str(tmp_path / "s.json")])
     line = _line(result)
     assert f"{pred}: depths[0].versions.{version}.V is missing" in line and "moespec predict" in line, line
+
+
+def test_an_empty_list_where_one_entry_is_needed_is_named():
+    from moespec.artifact_schema import NonEmpty
+
+    schema = {"depths": NonEmpty([{"depth": INT}])}
+    assert problems({"depths": []}, schema) == ["depths is empty"]
+    assert problems({"depths": [{"depth": 1}]}, schema) == []
+    assert problems({"depths": [{"depth": "x"}]}, schema) == ["depths[0].depth holds 'x', not a integer"]
+
+
+def test_predict_names_an_edited_h_of_the_base_measurement(tmp_path):
+    """An "h" that is not {depth: {k: seconds}} was read as no h at all ("unavailable (no-h)")."""
+    char, trace, meas = known_inputs(tmp_path)
+    _edit(meas, lambda p: p.update(h="x"))
+    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, [
+        "predict", "--characterization", str(char), "--traces", str(trace), "--measurement", str(meas),
+        "--out", str(tmp_path / "p.json")])
+    line = _line(result)
+    assert f"{meas}: h holds 'x', not a mapping" in line and "moespec measure" in line, line
+
+
+def test_score_names_a_prediction_with_no_depth(tmp_path):
+    char, trace, meas = known_inputs(tmp_path)
+    pred = tmp_path / "p.json"
+    args = ["predict", "--characterization", str(char), "--traces", str(trace), "--measurement", str(meas)]
+    assert CliRunner().invoke(app, [*args, "--out", str(pred)]).exit_code == 0
+    _edit(pred, lambda p: p.update(depths=[]))
+    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["score", "--prediction", str(pred), "--measurement",
+                                                            str(meas), "--out", str(tmp_path / "s.json")])
+    line = _line(result)
+    assert f"{pred}: depths is empty" in line and "moespec predict" in line, line

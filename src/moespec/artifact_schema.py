@@ -8,8 +8,8 @@ where it is present; the top-level fields a reader `needs` must be there, with e
 schema names inside them. A schema lists only what readers use; other fields may come and go.
 
 A schema is a small tree: a type (NUM, INT, STR, BOOL, DICT, LIST), `Optional(t)` (None allowed),
-`[t]` (a list whose every element is t), `{"name": t, ...}` (a record that must hold these names)
-and `{EVERY: t}` (a mapping whose every value is t, keyed by layer, kernel, n or version).
+`[t]` (a list whose every element is t), `NonEmpty([t])` (the same, holding at least one),
+`{"name": t, ...}` (a record that must hold these names) and `{EVERY: t}` (a mapping whose every value is t, keyed by layer, kernel, n or version).
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ class Optional:
     inner: Any  # the schema of the value when it is not None
 
 
+@dataclass(frozen=True)
+class NonEmpty:
+    inner: Any  # the schema of a list that must hold at least one element
+
+
 NUMS = [NUM]
 BY_KERNEL = {EVERY: [NUM]}
 
@@ -38,19 +43,19 @@ SCHEMAS: dict[str, Any] = {
         "beta": {EVERY: {EVERY: {"median": NUM}}},
     },
     "measure": {
-        "config": DICT,
+        "config": DICT, "h": {EVERY: {EVERY: NUM}},
         "verify": [{"depth": INT, "ns": [INT], "tau": {EVERY: {EVERY: NUM}}}],
         "oracle": [{"kernel": STR, "depth": INT, "V": {EVERY: NUM}, "h": {EVERY: NUM},
                     "cells": [{"k": INT, "a": NUM, "throughput": NUM, "step_s": NUM}]}],
     },
     "predict": {
-        "depths": [{"depth": INT, "versions": {EVERY: {
+        "depths": NonEmpty([{"depth": INT, "versions": {EVERY: {
             "n": [INT], "V": BY_KERNEL, "acceptance": NUMS, "k_star": {EVERY: [INT]}, "speedup": BY_KERNEL,
-            "a0": {EVERY: NUM}, "step_points": BY_KERNEL}}}],
+            "a0": {EVERY: NUM}, "step_points": BY_KERNEL}}}]),
     },
     "score": {
-        "depths": [{"depth": INT, "versions": {EVERY: {
-            "acceptance": NUMS, "k_star_predicted": [INT], "k_star_measured": [INT], "loss": NUMS}}}],
+        "depths": NonEmpty([{"depth": INT, "versions": {EVERY: {
+            "acceptance": NUMS, "k_star_predicted": [INT], "k_star_measured": [INT], "loss": NUMS}}}]),
     },
 }
 # how each kind is made again, for the message's fix
@@ -75,6 +80,8 @@ def problems(value: Any, schema: Any, where: str = "", *, whole: bool = True) ->
     record's missing fields count only when `whole`."""
     if isinstance(schema, Optional):
         return [] if value is None else problems(value, schema.inner, where, whole=whole)
+    if isinstance(schema, NonEmpty):
+        return [f"{where or 'the payload'} is empty"] if value == [] else problems(value, schema.inner, where, whole=whole)
     if isinstance(schema, str):
         return [] if _is(value, schema) else [f"{where or 'the payload'} holds {_shown(value)}, not a {schema}"]
     if isinstance(schema, list):
