@@ -73,6 +73,9 @@ def test_a_trace_of_another_shape_is_refused_and_the_fingerprint_changes(tmp_pat
     before = model_fingerprint(model)
     with pytest.raises(ValueError, match="same N and m"):
         RoutingReplay(model, fake_trace(64, 8))
+    other = fake_trace(64, 8).save(tmp_path / "other.parquet")
+    with pytest.raises(ValueError, match=f"the trace {other} routes 8 of 64"):  # a file is named
+        replay_routing(model, other)
     path = fake_trace(*_shape(model)).save(tmp_path / "t.parquet")
     replayed, _ = load("synthetic:olmoe-tiny", routing=path)
     assert model_fingerprint(replayed) != before

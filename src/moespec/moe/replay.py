@@ -47,14 +47,14 @@ def _positions(kwargs: dict, tokens: int) -> torch.Tensor:
 class RoutingReplay:
     """Hooks that make `model` route as `trace` did; `remove()` restores its own routing."""
 
-    def __init__(self, model: nn.Module, trace: RoutingTrace):
+    def __init__(self, model: nn.Module, trace: RoutingTrace, source: str = "the trace"):
         layers = experts_modules(model)
         if not layers:
             raise ValueError(f"{type(model).__name__} has no MoE layers; routing replay needs an MoE model")
         stream = np.concatenate(trace.documents)  # [T, L_trace, m]
         n, m = int(layers[0][1].num_experts), int(model.config.num_experts_per_tok)
         if (trace.num_experts, stream.shape[2]) != (n, m):
-            raise ValueError(f"the trace routes {stream.shape[2]} of {trace.num_experts} experts per token; the model "
+            raise ValueError(f"{source} routes {stream.shape[2]} of {trace.num_experts} experts per token; the model "
                              f"routes {m} of {n}; record the trace from a model with the same N and m "
                              f"(trained:olmoe has 64 and 8, like synthetic:olmoe-shaped)")
         self.rows = torch.from_numpy(stream.astype(np.int64))  # [T, L_trace, m]
@@ -94,5 +94,8 @@ class RoutingReplay:
 
 
 def replay_routing(model: nn.Module, trace: RoutingTrace | str | Path) -> RoutingReplay:
-    """Make `model` route as the trace (or the trace file) recorded; returns the hooks' handle."""
-    return RoutingReplay(model, trace if isinstance(trace, RoutingTrace) else RoutingTrace.load(trace))
+    """Make `model` route as the trace (or the trace file) recorded; returns the hooks' handle. A file
+    that does not fit the model is named in the refusal."""
+    if isinstance(trace, RoutingTrace):
+        return RoutingReplay(model, trace)
+    return RoutingReplay(model, RoutingTrace.load(trace), source=f"the trace {trace}")
