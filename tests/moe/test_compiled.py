@@ -202,3 +202,36 @@ def test_greedy_speculative_output_unchanged_with_the_compiled_kernel(monkeypatc
     for draft in (dense, OracleDraft(0.8, seed=3)):
         assert generate(target, prompt, draft=draft, k=3, max_new_tokens=24, vocab_limit=259).tokens == expected
     assert ran and compiled.unsupported(find_experts(target)[0], torch.zeros(1, 64)) is None  # really compiled
+
+
+def test_a_killed_builds_lock_file_is_removed_and_the_build_holds_an_flock(tmp_path, monkeypatch):
+    """torch's lock file, left by a build that was killed, would make every later process wait on it
+    forever: the builder holding moespec's flock removes it before torch looks, and holds the flock
+    for as long as torch builds (a second holder is refused)."""
+    import fcntl
+
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    name = next(iter(compiled.ISAS))
+    ops = f"moespec_experts_{name}"
+    build_dir = tmp_path / "moespec" / "torch_extensions" / f"torch-{torch.__version__}" / ops
+    build_dir.mkdir(parents=True)
+    (build_dir / compiled.TORCH_LOCK).write_text("")  # what a killed build leaves
+    seen = {}
+
+    def fake_load(**kwargs):
+        seen["lock_left"] = (build_dir / compiled.TORCH_LOCK).exists()
+        with open(build_dir / "moespec-build.flock") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                seen["held"] = False
+            except BlockingIOError:
+                seen["held"] = True
+        seen["build_directory"] = kwargs["build_directory"]
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    compiled.build_extension("experts", compiled.SOURCE, name)
+    assert seen == {"lock_left": False, "held": True, "build_directory": str(build_dir)}
+    with open(build_dir / "moespec-build.flock") as after:  # released once the build ends
+        fcntl.flock(after, fcntl.LOCK_EX | fcntl.LOCK_NB)

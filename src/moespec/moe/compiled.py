@@ -38,12 +38,14 @@ post-expert norm, another activation, another dtype or device, non-contiguous we
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import logging
 import os
 import shutil
 import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -54,6 +56,7 @@ from moespec.moe.experts import expert_views
 # T = tokens in the pass, m = experts per token, N = experts, H = hidden, I = intermediate, O = 2I
 
 NO_COMPILE = "MOESPEC_NO_COMPILE"  # "1": never build, always the torch kernels
+TORCH_LOCK = "lock"  # the file torch.utils.cpp_extension holds while it builds in a build directory
 FORCE_ISA = "MOESPEC_COMPILED_ISA"  # build a lower ISA than the CPU's best (to test the AVX2 path)
 SILU_CONCAT, SILU_INTERLEAVED, GPTOSS = 0, 1, 2  # activation codes of csrc/experts.cpp
 # Build name -> (CPU flags it needs as /proc/cpuinfo spells them, compiler flags), best first.
@@ -109,15 +112,33 @@ def build_extension(stem: str, source: Path, name: str):
     build_dir = root / f"torch-{torch.__version__}" / ops  # the ABI follows torch's version
     build_dir.mkdir(parents=True, exist_ok=True)
     _log.info("building moespec's %s (%s) in %s", stem, name, build_dir)
-    cpp_extension.load(
-        name=ops,
-        sources=[str(source)],
-        extra_cflags=["-O3", "-fopenmp", *ISAS[name][1], f"-DMOESPEC_OPS={ops}"],
-        extra_ldflags=["-fopenmp"],  # the same libgomp.so.1 soname torch has loaded: one OpenMP runtime
-        build_directory=str(build_dir),
-        is_python_module=False,
-    )
+    with _build_lock(build_dir):
+        cpp_extension.load(
+            name=ops,
+            sources=[str(source)],
+            extra_cflags=["-O3", "-fopenmp", *ISAS[name][1], f"-DMOESPEC_OPS={ops}"],
+            extra_ldflags=["-fopenmp"],  # the same libgomp.so.1 soname torch has loaded: one OpenMP runtime
+            build_directory=str(build_dir),
+            is_python_module=False,
+        )
     return getattr(torch.ops, ops)
+
+
+@contextmanager
+def _build_lock(build_dir: Path):
+    """Hold an flock on `build_dir` while torch builds or loads there. torch's own lock is a file that
+    a killed build leaves behind, and every later process then waits on it forever; an flock ends with
+    its holder, so whoever holds ours is the only builder, and a torch lock file it finds is stale."""
+    with open(build_dir / "moespec-build.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        stale = build_dir / TORCH_LOCK
+        if stale.exists():
+            _log.warning("removing %s, left by a build that was killed", stale)
+            stale.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _build(name: str):
