@@ -62,7 +62,10 @@ def test_batch_sizes_beyond_the_trace_documents_are_refused_before_any_step(tmp_
     refused(["batch", "--model", gguf, "--batch-sizes", "1,100000", "--out-dir", str(tmp_path)],
             "batch size 100000", "500000 tokens", "256-token documents", "give batch sizes up to 51")
     refused(["batch", "--model", gguf, "--batch-sizes", "40", "--max-k", "1", "--trace-tokens", "64",
-             "--out-dir", str(tmp_path)], "batch size 40", "--trace-tokens 64", "at most 32")
+             "--out-dir", str(tmp_path)], "batch size 40", "--trace-tokens 64", "gives 1", "up to 1 or --trace-tokens")
+    # within the corpus and the pass length, but over the 8192 default tokens' 32 documents (probe 2026-12-06)
+    refused(["batch", "--model", gguf, "--batch-sizes", "1,100", "--max-k", "1", "--out-dir", str(tmp_path)],
+            "batch size 100", "gives 32", "give batch sizes up to 32 or --trace-tokens 25600")
     assert list(tmp_path.iterdir()) == []
 
 

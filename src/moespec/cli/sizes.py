@@ -90,11 +90,17 @@ def check_batch_trace(knobs) -> None:
             f"batch size {B} at --max-k {k} makes passes of B(k + 1) = {B * (k + 1)} tokens, longer than the "
             f"{DOC_TOKENS}-token documents of the batch trace its characterization reads; give batch sizes up to "
             f"{DOC_TOKENS // (k + 1)} (or a smaller --max-k)", param_hint="'--batch-sizes'")
-    documents = min(len(spread(default_corpus(), DOC_CHARS)), knobs.trace_tokens // (k + 1))
+    # the trace takes documents in turn, each cut to DOC_TOKENS (a DOC_CHARS text is longer under any
+    # tokenizer), until --trace-tokens; the last, cut shorter, counts if it holds a window of k + 1
+    corpus = len(spread(default_corpus(), DOC_CHARS))
+    whole, rest = divmod(knobs.trace_tokens, DOC_TOKENS)
+    documents = min(corpus, whole + (rest >= k + 1))
     if B > documents:
+        more = f" or --trace-tokens {B * DOC_TOKENS}" if B <= corpus else ""
         raise typer.BadParameter(
             f"batch size {B} needs {B} distinct trace documents, and --trace-tokens {knobs.trace_tokens} over the "
-            f"shipped corpus gives at most {documents}; give batch sizes up to {documents}", param_hint="'--batch-sizes'")
+            f"shipped corpus gives {documents} (documents of up to {DOC_TOKENS} tokens); give batch sizes up to "
+            f"{documents}{more}", param_hint="'--batch-sizes'")
 
 
 def max_sequences() -> int | None:
