@@ -159,3 +159,14 @@ def test_a_run_whose_log_was_lost_at_exit_is_run_again_then_refused():
     with pytest.raises(ValueError, match="printed no decode summary"):
         run_once(["llama-speculative-simple"], run=never)
     assert len(calls) == SUMMARY_TRIES
+
+
+def test_a_generated_text_cut_inside_a_character_is_still_parsed(tmp_path):
+    """A model's text may end inside a multi-byte UTF-8 character (a random-weight model's often does:
+    the converter-written qwen3moe file stopped the candidates benchmark this way); the summary after it parses."""
+    import sys
+
+    out = tmp_path / "out.bin"
+    out.write_bytes(b"text \xe4\xbd then more\n" + printed(20, 0.5, drafted=6, accepted=3).encode())
+    run = run_once([sys.executable, "-c", f"import sys; sys.stdout.buffer.write(open({str(out)!r}, 'rb').read())"])
+    assert run == SpecRun(decoded=20, seconds=0.5, prompt_tokens=7, drafted=6, accepted=3)

@@ -98,7 +98,8 @@ class MissingSummary(ValueError):
 def attempt_once(cmd: Sequence[str], *, timeout: float, run) -> SpecRun:
     """One run of `cmd`; MissingSummary when it exited 0 without its summary."""
     try:
-        done = run(list(cmd), capture_output=True, text=True, timeout=timeout)
+        # errors="replace": a model's text may end inside a multi-byte character (a random model's often does)
+        done = run(list(cmd), capture_output=True, text=True, errors="replace", timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise ValueError(f"llama-speculative-simple ran past {timeout:g} s ({' '.join(cmd[:3])} ...); "
                          "give fewer new tokens or a longer timeout") from exc
