@@ -283,3 +283,30 @@ def test_verify_times_the_operation_on_each_passs_own_window(tiny, tmp_path):
         plain.op_times(SLOT)
     with pytest.raises(ValueError, match="no document 'd24/p0'"):
         run_verify(model, tok, depths=(24,), ns=(1, 2), prompts=1, reps=1, windows=windows, op_layers=(0,))
+
+
+def test_the_flush_is_skipped_for_weights_that_fit_in_the_cache(tmp_path, monkeypatch):
+    """A model whose weights fit in half the LLC decodes from cache: its passes are timed warm. A
+    larger one, or one whose size or the cache's is unknown, is flushed before each pass."""
+    import torch
+
+    from moespec.bench import verify as v
+    from moespec.bench.timing import CacheFlusher
+
+    monkeypatch.setattr("moespec.device.last_level_cache_bytes", lambda: 8 << 20)  # 8 MiB
+    small = torch.nn.Linear(512, 512)  # 1 MiB of float32 weights
+    large = torch.nn.Linear(2048, 2048)  # 16 MiB
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"\0" * (5 << 20))  # 5 MiB: over half of 8 MiB
+
+    class FileModel:
+        path = gguf
+
+    assert v.weight_bytes(small) == (512 * 512 + 512) * 4 and v.weight_bytes(FileModel()) == 5 << 20
+    assert v.default_flusher(True, small) is None
+    assert isinstance(v.default_flusher(True, large), CacheFlusher)
+    assert isinstance(v.default_flusher(True, FileModel()), CacheFlusher)
+    assert isinstance(v.default_flusher(True, object()), CacheFlusher)  # size unknown: flushed
+    assert v.default_flusher(False, large) is None
+    monkeypatch.setattr("moespec.device.last_level_cache_bytes", lambda: None)
+    assert isinstance(v.default_flusher(True, small), CacheFlusher)  # the cache's size unknown: flushed

@@ -299,7 +299,7 @@ def _measure_parts(model, tokenizer, cfg: MeasureConfig, *, draft, draft_name: s
                    log: PointLog, progress: bool, on_point: Callable[[dict, bool], None] | None) -> dict[str, Any]:
     """The payload's verify times, scaling curve, oracle sweep and (with a draft) draft sweep, measured
     in that order under one progress bar that each finished point advances, `on_point` after it."""
-    flush = verify.default_flusher(cfg.flush)
+    flush = verify.default_flusher(cfg.flush, model)
     total = _point_count(cfg, draft is not None)
     with _progress(total, progress) as bar:
         task = bar.add_task("verify", total=total)
@@ -325,7 +325,7 @@ def _measure_parts(model, tokenizer, cfg: MeasureConfig, *, draft, draft_name: s
             if draft is not None else []
         )
     return {"verify": [v.to_dict() for v in verify_times], "scaling": scaling, "oracle": oracle,
-            "draft_sweep": drafted}
+            "draft_sweep": drafted, "flushed": flush is not None}
 
 
 def _scaling(model, tokenizer, cfg: MeasureConfig, verify_times: list, common: dict) -> list[dict]:
