@@ -14,9 +14,10 @@ from moespec.run_files import LLAMA_FOLDER
 # a smoke run's cache flush between timings: it checks the plumbing, not the figures, and the full
 # flush (twice the LLC, >= 256 MiB: `bench.timing.CacheFlusher`) took most of a smoke characterization
 SMOKE_FLUSH_BYTES = 16 << 20
-# new tokens per prompt, the shipped prompts' length, sampling (greedy by default), draw seed, timings
-# of h(k) per k, and held-out repetitions per k (`chain.candidate_steps`)
-CANDIDATE_KNOBS = dict(new_tokens=48, prompt_tokens=128, temperature=0.0, top_p=None, seed=0, cost_reps=20,
+# new tokens per prompt, the shipped prompts' length (None: the chain's depth, so that the candidates
+# decode where the verify passes were timed), sampling (greedy by default), draw seed, timings of h(k)
+# per k, and held-out repetitions per k (`chain.candidate_steps`)
+CANDIDATE_KNOBS = dict(new_tokens=48, prompt_tokens=None, temperature=0.0, top_p=None, seed=0, cost_reps=20,
                        check_reps=3)
 
 
@@ -109,10 +110,13 @@ class DemoConfig:
 
     def candidate_knobs(self) -> dict[str, Any]:
         """The candidates' steps' knobs, with kmax: the longest draft the prediction prices."""
-        from moespec.chain.candidate_steps import candidate_kmax
+        from moespec.chain.candidate_steps import MAX_PROMPT_TOKENS, candidate_kmax
 
         m = measure_config(self)
-        return {**CANDIDATE_KNOBS, **self.candidate, "kmax": candidate_kmax(m.ns, m.ks)}
+        knobs = {**CANDIDATE_KNOBS, **self.candidate, "kmax": candidate_kmax(m.ns, m.ks)}
+        if knobs["prompt_tokens"] is None:  # a small model's pass at depth 128 takes half its time at 512
+            knobs["prompt_tokens"] = min(min(m.depths), MAX_PROMPT_TOKENS)
+        return knobs
 
 
 def demo_setup(out_dir: str | Path, *, model: str | None = None, backend: str | None = None, smoke: bool = False,
