@@ -1,0 +1,334 @@
+"""The rest of a llama.cpp verify pass, run alone on ggml: R_d(n), the work of a pass of n tokens at
+context depth d outside the weight products (`ggml_dense_op`'s D(n)) and the routed experts
+(`ggml_expert_op`), a named term of the calibrated (22) (cost-model paper, Sec. 4's g(n)).
+
+On a CPU more of a pass grows with n than on a GPU: attention reads the KV cache once per query
+row, and every elementwise op touches n rows. The graph holds, per block of the file, with the
+shapes its GGUF header gives (heads, kv heads, key and value head sizes, RoPE dimensions, ε, the
+sliding window) and the same ops llama.cpp's graph runs (src/llama-graph.cpp `build_attn_mha`,
+`build_moe_ffn`, `build_norm`; src/models/*.cpp):
+
+- every RMS norm of the block: `rms_norm` then `mul` by the file's own norm weight, over the rows
+  that norm sees (n, or n per head for per-head q/k norms);
+- RoPE (`rope_ext`) on q [head_k, heads, n] and k [head_k, kv_heads, n] at positions d..d+n−1;
+- the KV cache writes (`set_rows` of k and v into the block's f16 cache, llama.cpp's default type);
+- attention against d + n positions: `flash_attn_ext`, which llama.cpp runs by default on the CPU
+  (flash_attn_type AUTO resolves to enabled: ggml-cpu supports it), over the cells llama.cpp reads
+  (`llama_kv_cache::get_n_kv`: padded to a multiple of 256, at least 256) with its causal mask, f32
+  accumulation; gpt-oss's sliding-window blocks over their own smaller cache and window;
+- the two residual adds (three with shared experts), the router's `soft_max`, `argsort_top_k` and
+  weight `get_rows`, and the SwiGLU of a dense FFN or of shared experts;
+- the final norm. Inputs are seeded random activations; the caches hold random f16 values.
+
+Left out: the token embedding's rows, biases, attention sinks, the routing weights' normalization,
+DeepSeek's absorbed per-head products (`attn_k_b`/`attn_v_b`), and the copy of the logits out of
+the graph. Nothing here loads torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moespec.backends import llama_lib
+from moespec.bench.ggml_graph import GGML_TYPE_F32, GGML_TYPE_I32, GraphOwner, Plan, context, write
+from moespec.models import gguf_info
+
+GGML_TYPE_F16, GGML_TYPE_I64, GGML_PREC_F32 = 1, 27, 10  # ggml.h
+ROPE_NORM, ROPE_NEOX = 0, 2  # GGML_ROPE_TYPE_*: llama_model_rope_type gives NORM to these, NEOX to the rest
+ROPE_NORM_ARCHS = frozenset({"llama", "deepseek", "deepseek2", "granite", "granitemoe"})
+SWA_EVEN_BLOCKS = frozenset({"gpt-oss"})  # its sliding window on blocks 0, 2, 4, ... (load_swa_pattern(2))
+KV_PAD = 256  # llama_kv_cache::get_n_kv: the cells attention reads, padded to this, at least this
+UBATCH = 512  # llama.cpp's n_ubatch: a sliding-window cache holds window + n_ubatch cells
+MAX_N = 64  # the largest pass the caches leave room for
+NORM_WEIGHT = re.compile(r"blk\.(\d+)\.(\w*norm)\.weight")
+FFN_GATE = re.compile(r"blk\.(\d+)\.ffn_gate(_shexp)?\.weight")  # a dense FFN's or the shared experts' SwiGLU
+
+
+def kv_cells(positions: int) -> int:
+    """The cache cells llama.cpp's attention reads when `positions` are filled (get_n_kv)."""
+    return max(KV_PAD, -(-positions // KV_PAD) * KV_PAD)
+
+
+def _scalar(value):
+    return value[0] if isinstance(value, list) else value  # a per-layer array: its first block's value
+
+
+@dataclass(frozen=True)
+class PassShape:
+    """What one pass runs outside its products, read from a GGUF header (module docstring).
+
+    norms: (block, name, width, rows per token), block −1 for the final norm; ffn: (block, width)
+    of each SwiGLU outside the routed experts; swa_blocks: the blocks with the sliding `window`.
+    """
+
+    architecture: str
+    blocks: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_k: int
+    head_v: int
+    rope_dims: int
+    rope_mode: int
+    freq_base: float
+    eps: float
+    experts: int
+    top_k: int
+    moe_blocks: tuple[int, ...]
+    window: int | None
+    swa_blocks: tuple[int, ...]
+    norms: tuple[tuple[int, str, int, int], ...]
+    ffn: tuple[tuple[int, int], ...]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def pass_shape(path: str | Path) -> PassShape:
+    """The `PassShape` of a GGUF file; ValueError naming a missing header key."""
+    arch = gguf_info.field(path, "general.architecture")
+    key = lambda name, default=None: _scalar(gguf_info.field(path, f"{arch}.{name}", default))  # noqa: E731
+    hidden, blocks, heads = key("embedding_length"), key("block_count"), key("attention.head_count")
+    missing = [k for k, v in (("embedding_length", hidden), ("block_count", blocks), ("attention.head_count", heads))
+               if not v]
+    if arch is None or missing:
+        raise ValueError(f"{path} has no {arch or 'general.architecture'}.{missing[0] if missing else ''} key; convert "
+                         "it again with llama.cpp's convert_hf_to_gguf.py, which writes the attention shapes")
+    hidden, blocks, heads = int(hidden), int(blocks), int(heads)
+    kv_heads = int(key("attention.head_count_kv", heads))
+    head_k = int(key("attention.key_length", hidden // heads))
+    head_v = int(key("attention.value_length", head_k))
+    try:
+        lay = gguf_info.layout(path)
+        experts, top_k, moe = lay.num_experts, lay.top_k, lay.moe_layers
+    except ValueError:  # a dense file: no router
+        experts, top_k, moe = 0, 0, ()
+    window = key("attention.sliding_window") if arch in SWA_EVEN_BLOCKS else None
+    tensors = gguf_info.tensors(path)
+    per_token = {"attn_q_norm": heads * head_k, "attn_k_norm": kv_heads * head_k}
+    norms = [(int(h.group(1)), h.group(2), int(t.shape[0]), max(1, per_token.get(h.group(2), 0) // int(t.shape[0])))
+             for name, t in tensors.items() if (h := NORM_WEIGHT.fullmatch(name)) and len(t.shape) == 1]
+    if "output_norm.weight" in tensors:
+        norms.append((-1, "output_norm", int(tensors["output_norm.weight"].shape[0]), 1))
+    ffn = [(int(h.group(1)), int(t.shape[1])) for name, t in tensors.items() if (h := FFN_GATE.fullmatch(name))]
+    return PassShape(architecture=arch, blocks=blocks, hidden=hidden, heads=heads, kv_heads=kv_heads, head_k=head_k,
+                     head_v=head_v, rope_dims=int(key("rope.dimension_count", head_k)),
+                     rope_mode=ROPE_NORM if arch in ROPE_NORM_ARCHS else ROPE_NEOX,
+                     freq_base=float(key("rope.freq_base", 10000.0)),
+                     eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)), experts=experts, top_k=top_k,
+                     moe_blocks=tuple(moe), window=None if window is None else int(window),
+                     swa_blocks=tuple(range(0, blocks, 2)) if window else (), norms=tuple(sorted(norms)),
+                     ffn=tuple(sorted(ffn)))
+
+
+class RestOfPass(GraphOwner):
+    """The rest of a pass of a GGUF file on ggml-cpu (module docstring), with explicit lifetime
+    (`close()`, or use as a context manager). shape: its `PassShape`; max_n: the largest pass."""
+
+    def __init__(self, gguf_path: str | Path, *, threads: int = 1, max_n: int = MAX_N):
+        path = llama_lib.check_gguf(gguf_path)
+        self.shape = pass_shape(path)
+        self.max_n = int(max_n)
+        self._caches: dict[int, tuple[int, list[tuple[int, int]]]] = {}  # depth -> (context, [(k, v)] per block)
+        found = [t for name, t in gguf_info.tensors(path).items()
+                 if (NORM_WEIGHT.fullmatch(name) or name == "output_norm.weight") and len(t.shape) == 1]
+        super().__init__(path, found, threads=threads)
+
+    def cells(self, n: int, depth: int, swa: bool = False) -> int:
+        """The cache cells a block's attention reads on a pass of n tokens at `depth`."""
+        full = kv_cells(depth + n)
+        return min(full, self.shape.window + UBATCH) if swa else full
+
+    def norm_weight(self, block: int, name: str) -> int:
+        return self.weights["output_norm.weight" if block < 0 else f"blk.{block}.{name}.weight"]
+
+    def cache(self, depth: int) -> list[tuple[int, int]]:
+        """Each block's (K, V) f16 cache at `depth` (room for max_n more), filled with seeded random values."""
+        if depth not in self._caches:
+            s, g = self.shape, self._g
+            rows = [self.cells(self.max_n, depth, b in s.swa_blocks) for b in range(s.blocks)]
+            widths = (s.head_k * s.kv_heads, s.head_v * s.kv_heads)
+            ctx = context(g, 2 * sum(r * sum(widths) for r in rows), 2 * s.blocks)
+            made = [tuple(g.ggml_new_tensor_2d(ctx, GGML_TYPE_F16, w, r) for w in widths) for r in rows]
+            rng = np.random.default_rng(depth)
+            fill = [rng.standard_normal(w * max(rows)).astype(np.float16) for w in widths]
+            for (k, v), r in zip(made, rows):
+                for tensor, values, w in zip((k, v), fill, widths):
+                    write(g.ggml_get_data(tensor), values[: w * r])
+            self._caches[depth] = (ctx, made)
+        return self._caches[depth][1]
+
+    def _graph(self, n: int, depth: int) -> "_Graph":
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= self.max_n:
+            raise ValueError(f"a pass holds 1 <= n <= {self.max_n} tokens, got n = {n!r}; give RestOfPass a larger "
+                             "max_n for larger passes")
+        if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 0:
+            raise ValueError(f"depth must be a token count >= 0, got {depth!r}")
+        return self.graph((int(n), int(depth)), lambda: _Graph(self, int(n), int(depth)))
+
+    def time(self, n: int, depth: int, *, reps: int = 20, warmup: int = 1,
+             flush: Callable[[], None] | None = None, seed: int = 0) -> list[float]:
+        """Seconds of each of `reps` computes of the rest of a pass of n tokens at `depth`, after
+        `warmup` untimed ones; `flush` (a `bench.timing.CacheFlusher`) runs before every call."""
+        graph = self._graph(n, depth)
+        graph.fill(seed)
+        return graph.time(reps=reps, warmup=warmup, flush=flush)
+
+    def attention(self, n: int, depth: int, block: int = 0) -> dict[str, list[int]]:
+        """ggml's ne of block `block`'s flash-attention node and its q, k, v, mask: {name: ne}."""
+        node = self._graph(n, depth).attention[block]
+        read = lambda p: list(llama_lib.GgmlTensor.from_address(p).ne)  # noqa: E731
+        src = llama_lib.GgmlTensor.from_address(node).src
+        return {"out": read(node), **{name: read(src[i]) for i, name in enumerate(("q", "k", "v", "mask"))}}
+
+    def close(self) -> None:
+        super().close()
+        for ctx, _ in self._caches.values():
+            self._g.ggml_free(ctx)
+        self._caches = {}
+
+    def __repr__(self) -> str:
+        s = self.shape
+        return (f"RestOfPass({self.path.name!r}, {s.architecture}, {s.blocks} blocks, heads={s.heads}/{s.kv_heads}, "
+                f"head={s.head_k}/{s.head_v}, threads={self.threads})")
+
+
+def _budget(s: PassShape, n: int, cells: Sequence[int]) -> tuple[int, int]:
+    """(data bytes, objects) that bound a graph's context: every op's f32 result over n rows, twice
+    over (ggml aborts the process on a context too small), plus masks and index tables."""
+    per_block = (8 * s.hidden + 3 * (s.heads + s.kv_heads) * s.head_k + 3 * s.kv_heads * s.head_v
+                 + 2 * s.heads * s.head_v + 4 * s.experts)
+    floats = n * (s.blocks * per_block + 3 * sum(w for _, w in s.ffn) + 3 * sum(w * r for _, _, w, r in s.norms))
+    objects = 48 * s.blocks + 3 * len(s.norms) + 3 * len(s.ffn) + 64
+    return 8 * floats + sum(2 * n * c for c in cells) + 64 * n + (1 << 20), objects
+
+
+class _Graph(Plan):
+    """One graph of the rest of a pass of n tokens at `depth`: every block's ops, then the final norm.
+    Inputs are shared by shape across blocks (read only); `attention` holds each block's node."""
+
+    def __init__(self, ops: RestOfPass, n: int, depth: int):
+        s, self.n, self.depth, self.eps = ops.shape, n, depth, ops.shape.eps
+        caches = ops.cache(depth)
+        self.cells = {swa: ops.cells(n, depth, swa) for swa in ((False, True) if s.swa_blocks else (False,))}
+        data, objects = _budget(s, n, list(self.cells.values()))
+        super().__init__(ops._g, data, objects, objects)
+        self.inputs: dict[tuple, int] = {}
+        self.attention: list[int] = []
+        self._tables(s)
+        for block in range(s.blocks):
+            for b, name, width, rows in s.norms:
+                if b == block:
+                    self._norm(ops.norm_weight(b, name), width, rows)
+            self._attention(s, caches[block], block in s.swa_blocks)
+            self._ffn(s, block)
+        for b, name, width, rows in s.norms:
+            if b < 0:
+                self._norm(ops.norm_weight(b, name), width, rows)
+        self.finish(ops.threads)
+
+    def input(self, *ne: int) -> int:
+        """The f32 input of ggml shape `ne` (made once, filled by `fill`)."""
+        if ne not in self.inputs:
+            new = {1: self.g.ggml_new_tensor_1d, 2: self.g.ggml_new_tensor_2d, 3: self.g.ggml_new_tensor_3d}[len(ne)]
+            self.inputs[ne] = new(self.ctx, GGML_TYPE_F32, *ne)
+        return self.inputs[ne]
+
+    def _table(self, kind: int, values: np.ndarray) -> int:
+        """A constant input holding `values` (numpy row-major, ggml's ne reversed)."""
+        new = {1: self.g.ggml_new_tensor_1d, 2: self.g.ggml_new_tensor_2d}[values.ndim]
+        tensor = new(self.ctx, kind, *reversed(values.shape))
+        write(self.g.ggml_get_data(tensor), np.ascontiguousarray(values))
+        return tensor
+
+    def _tables(self, s: PassShape) -> None:
+        """Positions d..d+n−1, and per cache kind the rows the pass writes and llama.cpp's mask [n, cells]:
+        0 where a query sees a cell (causal; within the window on sliding-window blocks), else −inf."""
+        n, d = self.n, self.depth
+        query = np.arange(d, d + n)
+        self.pos = self._table(GGML_TYPE_I32, query.astype(np.int32))
+        self.rows, self.mask = {}, {}
+        for swa, cells in self.cells.items():
+            base = max(0, d + n - cells)  # the position of a sliding-window cache's first cell
+            seen = base + np.arange(cells)[None, :] <= query[:, None]
+            if swa:
+                seen &= query[:, None] - (base + np.arange(cells)[None, :]) < s.window
+            self.rows[swa] = self._table(GGML_TYPE_I64, (query - base).astype(np.int64))
+            self.mask[swa] = self._table(GGML_TYPE_F16, np.where(seen, 0.0, -np.inf).astype(np.float16))
+
+    def _norm(self, weight: int, width: int, rows: int) -> None:
+        g, ctx = self.g, self.ctx
+        self.expand(g.ggml_mul(ctx, g.ggml_rms_norm(ctx, self.input(width, rows * self.n), self.eps), weight))
+
+    def _rope(self, s: PassShape, heads: int) -> int:
+        g, ctx, n = self.g, self.ctx, self.n
+        x = g.ggml_reshape_3d(ctx, self.input(s.head_k * heads, n), s.head_k, heads, n)
+        return self.expand(g.ggml_rope_ext(ctx, x, self.pos, None, s.rope_dims, s.rope_mode, 0, s.freq_base, 1.0, 0.0,
+                                           1.0, 32.0, 1.0))
+
+    def _attention(self, s: PassShape, cache: tuple[int, int], swa: bool) -> None:
+        """RoPE, the cache writes and flash attention over the cells llama.cpp reads (`build_attn_mha`)."""
+        g, ctx, n, cells = self.g, self.ctx, self.n, self.cells[swa]
+        q, k = self._rope(s, s.heads), self._rope(s, s.kv_heads)
+        kc, vc = cache
+        width_k, width_v = s.head_k * s.kv_heads, s.head_v * s.kv_heads
+        self.expand(g.ggml_set_rows(ctx, kc, g.ggml_view_2d(ctx, k, width_k, n, 4 * width_k, 0), self.rows[swa]))
+        self.expand(g.ggml_set_rows(ctx, vc, self.input(width_v, n), self.rows[swa]))
+        K, V = (g.ggml_permute(ctx, g.ggml_view_3d(ctx, c, head, s.kv_heads, cells, 2 * head, 2 * head * s.kv_heads, 0),
+                               0, 2, 1, 3) for c, head in ((kc, s.head_k), (vc, s.head_v)))
+        out = g.ggml_flash_attn_ext(ctx, g.ggml_permute(ctx, q, 0, 2, 1, 3), K, V, self.mask[swa],
+                                    1.0 / float(np.sqrt(s.head_k)), 0.0, 0.0)
+        g.ggml_prec_set_acc(out, GGML_PREC_F32)
+        self.attention.append(self.expand(out))
+
+    def _ffn(self, s: PassShape, block: int) -> None:
+        """The residual adds, the router's softmax, top-k and weights, and the SwiGLU of a dense FFN
+        or of shared experts (`build_moe_ffn`, `build_ffn`)."""
+        g, ctx, n, H = self.g, self.ctx, self.n, s.hidden
+        ffn_in = self.expand(g.ggml_add(ctx, self.input(H, n), self.input(H, n)))
+        if block in s.moe_blocks and s.experts:
+            probs = self.expand(g.ggml_soft_max(ctx, self.input(s.experts, n)))
+            chosen = g.ggml_argsort_top_k(ctx, probs, s.top_k)
+            self.expand(g.ggml_get_rows(ctx, g.ggml_reshape_3d(ctx, probs, 1, s.experts, n), chosen))
+        widths = [w for b, w in s.ffn if b == block]
+        for width in widths:
+            self.expand(g.ggml_swiglu_split(ctx, self.input(width, n), self.input(width, n)))
+        if widths and block in s.moe_blocks:  # the shared experts' output joins the routed experts'
+            ffn_in = self.expand(g.ggml_add(ctx, ffn_in, self.input(H, n)))
+        self.expand(g.ggml_add(ctx, ffn_in, self.input(H, n)))
+
+    def fill(self, seed: int) -> None:
+        """Seeded standard-normal activations in every f32 input."""
+        rng = np.random.default_rng(seed)
+        for ne, tensor in self.inputs.items():
+            write(self.g.ggml_get_data(tensor), rng.standard_normal(int(np.prod(ne))).astype(np.float32))
+
+
+REST_REPS = 15  # timed computes per (depth, n), as the dense products'
+
+
+def rest_times(path: str | Path, ns: Sequence[int], depths: Sequence[int], threads: int, *, reps: int = REST_REPS,
+               warmup: int = 1, flush: Callable[[], None] | None = None, seed: int = 0) -> dict:
+    """R_d(n) of a GGUF file at each n of `ns` and depth d of `depths`: `reps` rounds over every
+    (d, n), each round in a fresh seeded order (drift falls on all alike), `flush` before every
+    compute; medians and every sample in seconds, {str(d): {str(n): ...}}, and the shape timed."""
+    pairs = [(int(d), int(n)) for d in depths for n in ns]
+    samples: dict[tuple[int, int], list[float]] = {p: [] for p in pairs}
+    rng = np.random.default_rng(seed)
+    with RestOfPass(path, threads=threads, max_n=max(MAX_N, *ns)) as ops:
+        for d, n in pairs:  # each graph's first compute (allocation, first touch) is not timed
+            ops.time(n, d, reps=1, warmup=warmup, seed=seed)
+        for _ in range(reps):
+            for i in rng.permutation(len(pairs)):
+                d, n = pairs[i]
+                samples[d, n] += ops.time(n, d, reps=1, warmup=0, flush=flush, seed=seed)
+        shape = ops.shape.to_dict()
+    by = lambda f: {str(d): {str(n): f(samples[d, n]) for n in ns} for d in dict.fromkeys(d for d, _ in pairs)}  # noqa: E731
+    return {"depths": sorted({d for d, _ in pairs}), "threads": threads, "shape": shape,
+            "median": by(lambda v: float(np.median(v))), "samples": by(list)}
