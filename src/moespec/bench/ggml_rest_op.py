@@ -27,7 +27,6 @@ the graph. Nothing here loads torch.
 
 from __future__ import annotations
 
-import ctypes
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -318,7 +317,8 @@ def rest_times(path: str | Path, ns: Sequence[int], depths: Sequence[int], threa
     """R_d(n) of a GGUF file at each n of `ns` and depth d of `depths`: `reps` rounds over every
     (d, n), each round in a fresh seeded order (drift falls on all alike), `flush` before every
     compute; medians and every sample in seconds, {str(d): {str(n): ...}}, and the shape timed."""
-    pairs = [(int(d), int(n)) for d in depths for n in ns]
+    depths, ns = sorted({int(d) for d in depths}), sorted({int(n) for n in ns})
+    pairs = [(d, n) for d in depths for n in ns]
     samples: dict[tuple[int, int], list[float]] = {p: [] for p in pairs}
     rng = np.random.default_rng(seed)
     with RestOfPass(path, threads=threads, max_n=max(MAX_N, *ns)) as ops:
@@ -329,6 +329,6 @@ def rest_times(path: str | Path, ns: Sequence[int], depths: Sequence[int], threa
                 d, n = pairs[i]
                 samples[d, n] += ops.time(n, d, reps=1, warmup=0, flush=flush, seed=seed)
         shape = ops.shape.to_dict()
-    by = lambda f: {str(d): {str(n): f(samples[d, n]) for n in ns} for d in dict.fromkeys(d for d, _ in pairs)}  # noqa: E731
-    return {"depths": sorted({d for d, _ in pairs}), "threads": threads, "shape": shape,
-            "median": by(lambda v: float(np.median(v))), "samples": by(list)}
+    return {"depths": depths, "threads": threads, "shape": shape,
+            "median": {str(d): {str(n): float(np.median(samples[d, n])) for n in ns} for d in depths},
+            "samples": {str(d): {str(n): samples[d, n] for n in ns} for d in depths}}
