@@ -7,7 +7,8 @@ from fractions import Fraction as F
 import pytest
 
 from moespec.chain.prediction import BaseInputs, outside_times, predict_all, predict_from_artifacts, rest_at
-from tests.chain.test_prediction import NS, TRACE, D, base, characterization
+from moespec.kernel_names import DEDUP
+from tests.chain.test_prediction import FIT, NS, TRACE, D, base, characterization
 
 DENSE = {str(n): F(n, 8) for n in NS}  # D(n) = n/8 s
 REST = {str(n): F(n * n, 16) for n in NS}  # R_d(n) = n²/16 s at the measured depth
@@ -59,3 +60,26 @@ def test_the_calibrated_version_adds_the_growth_of_both_terms_to_eq_22():
             for i, n in enumerate(NS):
                 assert cal.tau[kernel][i] == pytest.approx(plain.tau[kernel][i] + o[n] - o[1], rel=1e-12)
         assert predict_all(char, TRACE, base(inside=False))["depths"][0]["calibrated_outside"] == source
+
+
+def test_growth_shares_splits_the_held_out_growth_into_the_terms():
+    """benchmarks/growth_shares.py on artifacts built here: the held-out passes' growth, the expert
+    term of the version the calibrated one builds on, D and R as characterized, and what is left."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("growth_shares", Path(__file__).parents[2] / "benchmarks" /
+                                                  "growth_shares.py")
+    shares = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shares)
+    dense, rest = {str(n): 2.0**-7 * n for n in NS}, {str(n): 2.0**-9 * n * n for n in NS}
+    char = {**characterization(), "dense": {"median": dense}, "rest": {"median": {str(D): rest}}}
+    measurement = base(inside=False)
+    prediction = predict_all(char, TRACE, measurement)
+    g = shares.growth(char, measurement, prediction, D)
+    mt = predict_from_artifacts(char, TRACE, measurement, version="measured-time").tau["dedup"]
+    for i, n in enumerate(NS):
+        assert g["measured"][n] == pytest.approx(FIT[DEDUP][n] - FIT[DEDUP][1], abs=1e-12)  # the odd repetitions
+        assert g["experts"][n] == pytest.approx(mt[i] - mt[0], abs=1e-12)
+        assert (g["dense"][n], g["rest"][n]) == (dense[str(n)] - dense["1"], rest[str(n)] - rest["1"])
+        assert g["left"][n] == pytest.approx(g["measured"][n] - g["experts"][n] - g["dense"][n] - g["rest"][n])
