@@ -16,13 +16,17 @@ sliding window) and the same ops llama.cpp's graph runs (src/llama-graph.cpp `bu
   (flash_attn_type AUTO resolves to enabled: ggml-cpu supports it), over the cells llama.cpp reads
   (`llama_kv_cache::get_n_kv`: padded to a multiple of 256, at least 256) with its causal mask, f32
   accumulation; gpt-oss's sliding-window blocks over their own smaller cache and window;
-- the two residual adds (three with shared experts), the router's `soft_max`, `argsort_top_k` and
-  weight `get_rows`, and the SwiGLU of a dense FFN or of shared experts;
+- DeepSeek's absorbed multi-head latent attention where the file has it (`attn_k_b`, `attn_v_b`):
+  those two per-head products around attention, and one cache of keys whose first columns are the
+  values (llama.cpp's `build_attn` on a keys-only cache);
+- the biases of the products (`blk.*.bias`, the experts' own excepted), the two residual adds
+  (three with shared experts), the router's `soft_max`, `argsort_top_k` and weight `get_rows`, and
+  the SwiGLU of a dense FFN or of shared experts;
 - the final norm. Inputs are seeded random activations; the caches hold random f16 values.
 
-Left out: the token embedding's rows, biases, attention sinks, the routing weights' normalization,
-DeepSeek's absorbed per-head products (`attn_k_b`/`attn_v_b`), and the copy of the logits out of
-the graph. Nothing here loads torch.
+Left out: the token embedding's rows, attention sinks, the routing weights' normalization, MLA's
+concatenations, the copy of the logits out of the graph, and the context's own size where it caps
+the cells read below the padding. Nothing here loads torch.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ UBATCH = 512  # llama.cpp's n_ubatch: a sliding-window cache holds window + n_ub
 MAX_N = 64  # the largest pass the caches leave room for
 NORM_WEIGHT = re.compile(r"blk\.(\d+)\.(\w*norm)\.weight")
 FFN_GATE = re.compile(r"blk\.(\d+)\.ffn_gate(_shexp)?\.weight")  # a dense FFN's or the shared experts' SwiGLU
+BIAS = re.compile(r"blk\.(\d+)\.(\w+)\.bias")  # a product's bias, added over n rows (not an expert's: `ggml_expert_op`)
+ABSORBED = re.compile(r"blk\.(\d+)\.attn_[kv]_b\.weight")  # DeepSeek's per-head products of absorbed MLA
 
 
 def kv_cells(positions: int) -> int:
@@ -63,7 +69,9 @@ class PassShape:
     """What one pass runs outside its products, read from a GGUF header (module docstring).
 
     norms: (block, name, width, rows per token), block −1 for the final norm; ffn: (block, width)
-    of each SwiGLU outside the routed experts; swa_blocks: the blocks with the sliding `window`.
+    of each SwiGLU outside the routed experts; swa_blocks: the blocks with the sliding `window`;
+    biases: (block, name, width); mla: (nope, kv_lora_rank, value head) of absorbed multi-head latent
+    attention (`attn_k_b`, `attn_v_b`: a cache of keys only, values a view of their first columns), or None.
     """
 
     architecture: str
@@ -84,6 +92,8 @@ class PassShape:
     swa_blocks: tuple[int, ...]
     norms: tuple[tuple[int, str, int, int], ...]
     ffn: tuple[tuple[int, int], ...]
+    biases: tuple[tuple[int, str, int], ...] = ()
+    mla: tuple[int, int, int] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,6 +126,10 @@ def pass_shape(path: str | Path) -> PassShape:
     if "output_norm.weight" in tensors:
         norms.append((-1, "output_norm", int(tensors["output_norm.weight"].shape[0]), 1))
     ffn = [(int(h.group(1)), int(t.shape[1])) for name, t in tensors.items() if (h := FFN_GATE.fullmatch(name))]
+    biases = [(int(h.group(1)), h.group(2), int(t.shape[0])) for name, t in tensors.items()
+              if (h := BIAS.fullmatch(name)) and len(t.shape) == 1 and not gguf_info.EXPERT_TENSOR.fullmatch(name)]
+    k_b, v_b = (next((t for name, t in tensors.items() if name.endswith(f".attn_{x}_b.weight")), None) for x in "kv")
+    mla = None if k_b is None or v_b is None else (int(k_b.shape[0]), int(k_b.shape[1]), int(v_b.shape[1]))
     return PassShape(architecture=arch, blocks=blocks, hidden=hidden, heads=heads, kv_heads=kv_heads, head_k=head_k,
                      head_v=head_v, rope_dims=int(key("rope.dimension_count", head_k)),
                      rope_mode=ROPE_NORM if arch in ROPE_NORM_ARCHS else ROPE_NEOX,
@@ -123,7 +137,7 @@ def pass_shape(path: str | Path) -> PassShape:
                      eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)), experts=experts, top_k=top_k,
                      moe_blocks=tuple(moe), window=None if window is None else int(window),
                      swa_blocks=tuple(range(0, blocks, 2)) if window else (), norms=tuple(sorted(norms)),
-                     ffn=tuple(sorted(ffn)))
+                     ffn=tuple(sorted(ffn)), biases=tuple(sorted(biases)), mla=mla)
 
 
 class RestOfPass(GraphOwner):
@@ -136,7 +150,9 @@ class RestOfPass(GraphOwner):
         self.max_n = int(max_n)
         self._caches: dict[int, tuple[int, list[tuple[int, int]]]] = {}  # depth -> (context, [(k, v)] per block)
         found = [t for name, t in gguf_info.tensors(path).items()
-                 if (NORM_WEIGHT.fullmatch(name) or name == "output_norm.weight") and len(t.shape) == 1]
+                 if ((NORM_WEIGHT.fullmatch(name) or name == "output_norm.weight" or BIAS.fullmatch(name))
+                     and len(t.shape) == 1 and not gguf_info.EXPERT_TENSOR.fullmatch(name))
+                 or (ABSORBED.fullmatch(name) and len(t.shape) == 3)]
         super().__init__(path, found, threads=threads)
 
     def cells(self, n: int, depth: int, swa: bool = False) -> int:
@@ -147,20 +163,21 @@ class RestOfPass(GraphOwner):
     def norm_weight(self, block: int, name: str) -> int:
         return self.weights["output_norm.weight" if block < 0 else f"blk.{block}.{name}.weight"]
 
-    def cache(self, depth: int) -> list[tuple[int, int]]:
-        """Each block's (K, V) f16 cache at `depth` (room for max_n more), filled with seeded random values."""
+    def cache(self, depth: int) -> list[tuple[int, int | None]]:
+        """Each block's (K, V) f16 cache at `depth` (room for max_n more), filled with seeded random
+        values; V is None under absorbed MLA, whose values are a view of the keys."""
         if depth not in self._caches:
             s, g = self.shape, self._g
             rows = [self.cells(self.max_n, depth, b in s.swa_blocks) for b in range(s.blocks)]
-            widths = (s.head_k * s.kv_heads, s.head_v * s.kv_heads)
-            ctx = context(g, 2 * sum(r * sum(widths) for r in rows), 2 * s.blocks)
+            widths = (s.head_k * s.kv_heads,) if s.mla else (s.head_k * s.kv_heads, s.head_v * s.kv_heads)
+            ctx = context(g, 2 * sum(r * sum(widths) for r in rows), len(widths) * s.blocks)
             made = [tuple(g.ggml_new_tensor_2d(ctx, GGML_TYPE_F16, w, r) for w in widths) for r in rows]
             rng = np.random.default_rng(depth)
             fill = [rng.standard_normal(w * max(rows)).astype(np.float16) for w in widths]
-            for (k, v), r in zip(made, rows):
-                for tensor, values, w in zip((k, v), fill, widths):
+            for tensors, r in zip(made, rows):
+                for tensor, values, w in zip(tensors, fill, widths):
                     write(g.ggml_get_data(tensor), values[: w * r])
-            self._caches[depth] = (ctx, made)
+            self._caches[depth] = (ctx, [(*kv, None)[:2] for kv in made])
         return self._caches[depth][1]
 
     def _graph(self, n: int, depth: int) -> "_Graph":
@@ -202,9 +219,10 @@ def _budget(s: PassShape, n: int, cells: Sequence[int]) -> tuple[int, int]:
     """(data bytes, objects) that bound a graph's context: every op's f32 result over n rows, twice
     over (ggml aborts the process on a context too small), plus masks and index tables."""
     per_block = (8 * s.hidden + 3 * (s.heads + s.kv_heads) * s.head_k + 3 * s.kv_heads * s.head_v
-                 + 2 * s.heads * s.head_v + 4 * s.experts)
-    floats = n * (s.blocks * per_block + 3 * sum(w for _, w in s.ffn) + 3 * sum(w * r for _, _, w, r in s.norms))
-    objects = 48 * s.blocks + 3 * len(s.norms) + 3 * len(s.ffn) + 64
+                 + 2 * s.heads * s.head_v + 4 * s.experts + (3 * s.heads * sum(s.mla) if s.mla else 0))
+    floats = n * (s.blocks * per_block + 3 * sum(w for _, w in s.ffn) + 3 * sum(w * r for _, _, w, r in s.norms)
+                  + 2 * sum(w for _, _, w in s.biases))
+    objects = 56 * s.blocks + 3 * len(s.norms) + 3 * len(s.ffn) + 2 * len(s.biases) + 64
     return 8 * floats + sum(2 * n * c for c in cells) + 64 * n + (1 << 20), objects
 
 
@@ -225,7 +243,7 @@ class _Graph(Plan):
             for b, name, width, rows in s.norms:
                 if b == block:
                     self._norm(ops.norm_weight(b, name), width, rows)
-            self._attention(s, caches[block], block in s.swa_blocks)
+            self._attention(ops, block, caches[block])
             self._ffn(s, block)
         for b, name, width, rows in s.norms:
             if b < 0:
@@ -271,20 +289,42 @@ class _Graph(Plan):
         return self.expand(g.ggml_rope_ext(ctx, x, self.pos, None, s.rope_dims, s.rope_mode, 0, s.freq_base, 1.0, 0.0,
                                            1.0, 32.0, 1.0))
 
-    def _attention(self, s: PassShape, cache: tuple[int, int], swa: bool) -> None:
-        """RoPE, the cache writes and flash attention over the cells llama.cpp reads (`build_attn_mha`)."""
-        g, ctx, n, cells = self.g, self.ctx, self.n, self.cells[swa]
+    def _attention(self, ops: RestOfPass, block: int, cache: tuple[int, int | None]) -> None:
+        """RoPE, the cache writes and flash attention over the cells llama.cpp reads (`build_attn_mha`);
+        under absorbed MLA one cache of keys, the values a view of their first head_v columns."""
+        s, g, ctx, n, swa = ops.shape, self.g, self.ctx, self.n, block in ops.shape.swa_blocks
+        cells = self.cells[swa]
         q, k = self._rope(s, s.heads), self._rope(s, s.kv_heads)
         kc, vc = cache
         width_k, width_v = s.head_k * s.kv_heads, s.head_v * s.kv_heads
         self.expand(g.ggml_set_rows(ctx, kc, g.ggml_view_2d(ctx, k, width_k, n, 4 * width_k, 0), self.rows[swa]))
-        self.expand(g.ggml_set_rows(ctx, vc, self.input(width_v, n), self.rows[swa]))
-        K, V = (g.ggml_permute(ctx, g.ggml_view_3d(ctx, c, head, s.kv_heads, cells, 2 * head, 2 * head * s.kv_heads, 0),
-                               0, 2, 1, 3) for c, head in ((kc, s.head_k), (vc, s.head_v)))
+        if vc is not None:
+            self.expand(g.ggml_set_rows(ctx, vc, self.input(width_v, n), self.rows[swa]))
+
+        def heads(c: int, head: int, row: int) -> int:  # [head, cells, kv_heads] of a cache of rows `row` wide
+            view = g.ggml_view_3d(ctx, c, head, s.kv_heads, cells, 2 * (row // s.kv_heads), 2 * row, 0)
+            return g.ggml_permute(ctx, view, 0, 2, 1, 3)
+
+        K = heads(kc, s.head_k, width_k)
+        V = heads(kc, s.head_v, width_k) if vc is None else heads(vc, s.head_v, width_v)
         out = g.ggml_flash_attn_ext(ctx, g.ggml_permute(ctx, q, 0, 2, 1, 3), K, V, self.mask[swa],
                                     1.0 / float(np.sqrt(s.head_k)), 0.0, 0.0)
         g.ggml_prec_set_acc(out, GGML_PREC_F32)
         self.attention.append(self.expand(out))
+        if s.mla:
+            self._absorbed(ops, block, out)
+        for b, name, width in s.biases:
+            if b == block:
+                self.expand(g.ggml_add(ctx, self.input(width, n), ops.weights[f"blk.{b}.{name}.bias"]))
+
+    def _absorbed(self, ops: RestOfPass, block: int, out: int) -> None:
+        """DeepSeek's absorbed MLA around attention (src/models/deepseek2.cpp): the query's no-RoPE part
+        into kv_lora_rank per head (`attn_k_b`), attention's output back to each head's values (`attn_v_b`)."""
+        s, g, ctx, n = ops.shape, self.g, self.ctx, self.n
+        nope = s.mla[0]
+        self.expand(g.ggml_mul_mat(ctx, ops.weights[f"blk.{block}.attn_k_b.weight"], self.input(nope, n, s.heads)))
+        up = g.ggml_mul_mat(ctx, ops.weights[f"blk.{block}.attn_v_b.weight"], g.ggml_permute(ctx, out, 0, 2, 1, 3))
+        self.expand(g.ggml_cont(ctx, g.ggml_permute(ctx, up, 0, 2, 1, 3)))
 
     def _ffn(self, s: PassShape, block: int) -> None:
         """The residual adds, the router's softmax, top-k and weights, and the SwiGLU of a dense FFN
