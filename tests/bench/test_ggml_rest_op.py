@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from moespec.bench import ggml_graph, timing
-from moespec.bench.ggml_rest_op import KV_PAD, UBATCH, RestOfPass, kv_cells, pass_shape, rest_times
+from moespec.bench.ggml_rest_op import KV_PAD, UBATCH, RestOfPass, kv_cells, rest_times
+from moespec.bench.pass_shape import pass_shape
 from moespec.models import gguf_info
 from tests.bench.conftest import FakeClock
 from tests.conftest import require_llama
@@ -58,6 +59,29 @@ def test_every_norm_bias_and_ffn_of_the_file_with_the_rows_it_sees(converted):
     assert (1, "ffn_gate_inp", 8) in oss.biases and not any("exps" in name for _, name, _ in oss.biases)
     mla = pass_shape(converted["deepseek2"]["q8_0"])  # attn_k_b [nope 16, kv_lora_rank 16, 4 heads], v_b [16, 16, 4]
     assert mla.mla == (16, 16, 16) and mla.ffn == ((0, 128), (1, 32), (2, 32))  # a dense block 0, shared experts
+
+
+@pytest.mark.parametrize("arch, depth", [("olmoe", 300), ("deepseek2", 300), ("gpt-oss", 700)])
+def test_attention_is_causal_attention_over_the_cache(converted, arch, depth):
+    """Block 0's flash attention against a direct softmax(q·kᵀ/√head_k + mask)·v over the cells it read
+    (the n new keys written at positions depth..depth+n−1; a sliding window on gpt-oss's block 0):
+    the mask lets each row see exactly the positions llama.cpp's does. ggml rounds q to f16."""
+    n = 5
+    with RestOfPass(converted[arch]["q8_0"], threads=1) as ops:
+        got = ops.run_attention(n, depth, 0, seed=3)
+        s = ops.shape
+    cells = got["k"].shape[0]
+    base = max(0, depth + n - cells)  # the position of the first cell
+    query, position = np.arange(depth, depth + n)[:, None], base + np.arange(cells)[None, :]
+    seen = (position <= query) & ((query - position < s.window) if 0 in s.swa_blocks else True)
+    assert np.array_equal(got["mask"] == 0, seen) and np.all(np.isneginf(got["mask"][~seen]))
+    group = s.heads // s.kv_heads
+    for h in range(s.heads):
+        q = got["q"][:, h].astype(np.float16).astype(np.float32)
+        scores = q @ got["k"][:, h // group].T / np.sqrt(s.head_k) + got["mask"]
+        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+        want = (weights / weights.sum(axis=1, keepdims=True)) @ got["v"][:, h // group]
+        assert np.allclose(got["out"][:, h], want, rtol=2e-2, atol=2e-3)
 
 
 def test_it_grows_with_n_and_with_depth(converted):

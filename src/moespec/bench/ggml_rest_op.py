@@ -31,113 +31,25 @@ the cells read below the padding. Nothing here loads torch.
 
 from __future__ import annotations
 
-import re
+import ctypes
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from moespec.backends import llama_lib
 from moespec.bench.ggml_graph import GGML_TYPE_F32, GGML_TYPE_I32, GraphOwner, Plan, context, write
-from moespec.models import gguf_info
+from moespec.bench.pass_shape import PassShape, pass_shape, rest_tensors
 
 GGML_TYPE_F16, GGML_TYPE_I64, GGML_PREC_F32 = 1, 27, 10  # ggml.h
-ROPE_NORM, ROPE_NEOX = 0, 2  # GGML_ROPE_TYPE_*: llama_model_rope_type gives NORM to these, NEOX to the rest
-ROPE_NORM_ARCHS = frozenset({"llama", "deepseek", "deepseek2", "granite", "granitemoe"})
-SWA_EVEN_BLOCKS = frozenset({"gpt-oss"})  # its sliding window on blocks 0, 2, 4, ... (load_swa_pattern(2))
 KV_PAD = 256  # llama_kv_cache::get_n_kv: the cells attention reads, padded to this, at least this
 UBATCH = 512  # llama.cpp's n_ubatch: a sliding-window cache holds window + n_ubatch cells
 MAX_N = 64  # the largest pass the caches leave room for
-NORM_WEIGHT = re.compile(r"blk\.(\d+)\.(\w*norm)\.weight")
-FFN_GATE = re.compile(r"blk\.(\d+)\.ffn_gate(_shexp)?\.weight")  # a dense FFN's or the shared experts' SwiGLU
-BIAS = re.compile(r"blk\.(\d+)\.(\w+)\.bias")  # a product's bias, added over n rows (not an expert's: `ggml_expert_op`)
-ABSORBED = re.compile(r"blk\.(\d+)\.attn_[kv]_b\.weight")  # DeepSeek's per-head products of absorbed MLA
 
 
 def kv_cells(positions: int) -> int:
     """The cache cells llama.cpp's attention reads when `positions` are filled (get_n_kv)."""
     return max(KV_PAD, -(-positions // KV_PAD) * KV_PAD)
-
-
-def _scalar(value):
-    return value[0] if isinstance(value, list) else value  # a per-layer array: its first block's value
-
-
-@dataclass(frozen=True)
-class PassShape:
-    """What one pass runs outside its products, read from a GGUF header (module docstring).
-
-    norms: (block, name, width, rows per token), block −1 for the final norm; ffn: (block, width)
-    of each SwiGLU outside the routed experts; swa_blocks: the blocks with the sliding `window`;
-    biases: (block, name, width); mla: (nope, kv_lora_rank, value head) of absorbed multi-head latent
-    attention (`attn_k_b`, `attn_v_b`: a cache of keys only, values a view of their first columns), or None.
-    """
-
-    architecture: str
-    blocks: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_k: int
-    head_v: int
-    rope_dims: int
-    rope_mode: int
-    freq_base: float
-    eps: float
-    experts: int
-    top_k: int
-    moe_blocks: tuple[int, ...]
-    window: int | None
-    swa_blocks: tuple[int, ...]
-    norms: tuple[tuple[int, str, int, int], ...]
-    ffn: tuple[tuple[int, int], ...]
-    biases: tuple[tuple[int, str, int], ...] = ()
-    mla: tuple[int, int, int] | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def pass_shape(path: str | Path) -> PassShape:
-    """The `PassShape` of a GGUF file; ValueError naming a missing header key."""
-    arch = gguf_info.field(path, "general.architecture")
-    key = lambda name, default=None: _scalar(gguf_info.field(path, f"{arch}.{name}", default))  # noqa: E731
-    hidden, blocks, heads = key("embedding_length"), key("block_count"), key("attention.head_count")
-    missing = [k for k, v in (("embedding_length", hidden), ("block_count", blocks), ("attention.head_count", heads))
-               if not v]
-    if arch is None or missing:
-        raise ValueError(f"{path} has no {arch or 'general.architecture'}.{missing[0] if missing else ''} key; convert "
-                         "it again with llama.cpp's convert_hf_to_gguf.py, which writes the attention shapes")
-    hidden, blocks, heads = int(hidden), int(blocks), int(heads)
-    kv_heads = int(key("attention.head_count_kv", heads))
-    head_k = int(key("attention.key_length", hidden // heads))
-    head_v = int(key("attention.value_length", head_k))
-    try:
-        lay = gguf_info.layout(path)
-        experts, top_k, moe = lay.num_experts, lay.top_k, lay.moe_layers
-    except ValueError:  # a dense file: no router
-        experts, top_k, moe = 0, 0, ()
-    window = key("attention.sliding_window") if arch in SWA_EVEN_BLOCKS else None
-    tensors = gguf_info.tensors(path)
-    per_token = {"attn_q_norm": heads * head_k, "attn_k_norm": kv_heads * head_k}
-    norms = [(int(h.group(1)), h.group(2), int(t.shape[0]), max(1, per_token.get(h.group(2), 0) // int(t.shape[0])))
-             for name, t in tensors.items() if (h := NORM_WEIGHT.fullmatch(name)) and len(t.shape) == 1]
-    if "output_norm.weight" in tensors:
-        norms.append((-1, "output_norm", int(tensors["output_norm.weight"].shape[0]), 1))
-    ffn = [(int(h.group(1)), int(t.shape[1])) for name, t in tensors.items() if (h := FFN_GATE.fullmatch(name))]
-    biases = [(int(h.group(1)), h.group(2), int(t.shape[0])) for name, t in tensors.items()
-              if (h := BIAS.fullmatch(name)) and len(t.shape) == 1 and not gguf_info.EXPERT_TENSOR.fullmatch(name)]
-    k_b, v_b = (next((t for name, t in tensors.items() if name.endswith(f".attn_{x}_b.weight")), None) for x in "kv")
-    mla = None if k_b is None or v_b is None else (int(k_b.shape[0]), int(k_b.shape[1]), int(v_b.shape[1]))
-    return PassShape(architecture=arch, blocks=blocks, hidden=hidden, heads=heads, kv_heads=kv_heads, head_k=head_k,
-                     head_v=head_v, rope_dims=int(key("rope.dimension_count", head_k)),
-                     rope_mode=ROPE_NORM if arch in ROPE_NORM_ARCHS else ROPE_NEOX,
-                     freq_base=float(key("rope.freq_base", 10000.0)),
-                     eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)), experts=experts, top_k=top_k,
-                     moe_blocks=tuple(moe), window=None if window is None else int(window),
-                     swa_blocks=tuple(range(0, blocks, 2)) if window else (), norms=tuple(sorted(norms)),
-                     ffn=tuple(sorted(ffn)), biases=tuple(sorted(biases)), mla=mla)
 
 
 class RestOfPass(GraphOwner):
@@ -149,11 +61,7 @@ class RestOfPass(GraphOwner):
         self.shape = pass_shape(path)
         self.max_n = int(max_n)
         self._caches: dict[int, tuple[int, list[tuple[int, int]]]] = {}  # depth -> (context, [(k, v)] per block)
-        found = [t for name, t in gguf_info.tensors(path).items()
-                 if ((NORM_WEIGHT.fullmatch(name) or name == "output_norm.weight" or BIAS.fullmatch(name))
-                     and len(t.shape) == 1 and not gguf_info.EXPERT_TENSOR.fullmatch(name))
-                 or (ABSORBED.fullmatch(name) and len(t.shape) == 3)]
-        super().__init__(path, found, threads=threads)
+        super().__init__(path, rest_tensors(path), threads=threads)
 
     def cells(self, n: int, depth: int, swa: bool = False) -> int:
         """The cache cells a block's attention reads on a pass of n tokens at `depth`."""
@@ -203,6 +111,28 @@ class RestOfPass(GraphOwner):
         src = llama_lib.GgmlTensor.from_address(node).src
         return {"out": read(node), **{name: read(src[i]) for i, name in enumerate(("q", "k", "v", "mask"))}}
 
+    def run_attention(self, n: int, depth: int, block: int = 0, *, seed: int = 0) -> dict[str, np.ndarray]:
+        """One compute at n rows and `depth`, then block `block`'s attention as numpy arrays: q [n, heads,
+        head_k] after RoPE, k [cells, kv_heads, head_k] and v [cells, kv_heads, head_v] as cached (f16
+        values), mask [n, cells] and out [n, heads, head_v]; for checking against a direct computation."""
+        graph, s = self._graph(n, depth), self.shape
+        graph.fill(seed)
+        graph.compute()
+        cells = graph.cells[block in s.swa_blocks]
+        k, v = self.cache(depth)[block]
+
+        def read(tensor: int, shape: tuple, kind=ctypes.c_float, dtype=np.float32) -> np.ndarray:
+            count = int(np.prod(shape))
+            raw = (kind * count).from_address(self._g.ggml_get_data(tensor))
+            return np.ctypeslib.as_array(raw).view(dtype).reshape(shape).astype(np.float32)
+
+        half = dict(kind=ctypes.c_uint16, dtype=np.float16)
+        keys = read(k, (cells, s.kv_heads, s.head_k), **half)
+        values = keys[..., : s.head_v] if v is None else read(v, (cells, s.kv_heads, s.head_v), **half)
+        return {"q": read(graph.queries[block], (n, s.heads, s.head_k)), "k": keys, "v": values,
+                "mask": read(graph.mask[block in s.swa_blocks], (n, cells), **half),
+                "out": read(graph.attention[block], (n, s.heads, s.head_v))}
+
     def close(self) -> None:
         super().close()
         for ctx, _ in self._caches.values():
@@ -238,6 +168,7 @@ class _Graph(Plan):
         super().__init__(ops._g, data, objects, objects)
         self.inputs: dict[tuple, int] = {}
         self.attention: list[int] = []
+        self.queries: list[int] = []  # each block's q after RoPE, [head_k, heads, n]
         self._tables(s)
         for block in range(s.blocks):
             for b, name, width, rows in s.norms:
@@ -295,6 +226,7 @@ class _Graph(Plan):
         s, g, ctx, n, swa = ops.shape, self.g, self.ctx, self.n, block in ops.shape.swa_blocks
         cells = self.cells[swa]
         q, k = self._rope(s, s.heads), self._rope(s, s.kv_heads)
+        self.queries.append(q)
         kc, vc = cache
         width_k, width_v = s.head_k * s.kv_heads, s.head_v * s.kv_heads
         self.expand(g.ggml_set_rows(ctx, kc, g.ggml_view_2d(ctx, k, width_k, n, 4 * width_k, 0), self.rows[swa]))
