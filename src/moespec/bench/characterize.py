@@ -249,8 +249,12 @@ def _time_layers(get_experts: Callable[[int], Any], layer_ids: Sequence[int], pl
 
 def _depths(depths: Sequence[int]) -> list[int]:
     """The context depths of the rest of the pass, checked: distinct token counts >= 0, sorted."""
-    found = sorted({int(d) for d in depths})
-    if any(isinstance(d, bool) or int(d) != d for d in depths) or (found and found[0] < 0):
+    try:
+        found = sorted({int(d) for d in depths})
+        whole = all(not isinstance(d, bool) and int(d) == d for d in depths)
+    except (TypeError, ValueError):
+        found, whole = [], False
+    if not whole or (found and found[0] < 0):
         raise ValueError(f"depths must be token counts >= 0, got {list(depths)}; give the verify passes' depths")
     return found
 
