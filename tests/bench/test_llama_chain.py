@@ -144,19 +144,24 @@ def test_the_prediction_is_eq_22_on_the_files_bytes_recomputed_by_hand(chains):
 
 
 def test_the_calibrated_version_adds_the_dense_products_growth(chains):
-    """On llama.cpp g(n) = D(n) − D(1), D the file's dense products timed alone (`ggml_dense_op`), added
-    to the measured-time version's τ̂(n); the characterization keeps every timed sample."""
+    """On llama.cpp g(n) = o(n) − o(1), o = D + R_d: D the file's dense products and R_d the rest of its
+    pass at the verify depth d, each timed alone (`ggml_dense_op`, `ggml_rest_op`), added to the
+    measured-time version's τ̂(n); the characterization keeps every timed sample."""
     out, _, _ = chains
     char = _payload(out / "llama.cpp", "characterization.json", "characterize")
     dense = char["dense"]
     assert "output.weight" in dense["tensors"] and not any("_exps" in t for t in dense["tensors"])
     assert all(len(v) == 15 and np.median(v) == dense["median"][n] for n, v in dense["samples"].items())
     depth = _payload(out / "llama.cpp", "prediction.json", "predict")["depths"][0]
-    assert depth["calibrated_outside"] == "dense-ops" and "calibrated" not in depth.get("unavailable", {})
+    assert depth["calibrated_outside"] == "dense-ops+rest" and "calibrated" not in depth.get("unavailable", {})
+    rest = char["rest"]
+    assert rest["depths"] == [depth["depth"]]
+    assert all(len(v) == 15 and np.median(v) == rest["median"][str(depth["depth"])][n]
+               for n, v in rest["samples"][str(depth["depth"])].items())
     cal, meas = depth["versions"]["calibrated"], depth["versions"]["measured-time"]
-    D = dense["median"]
+    o = {n: dense["median"][n] + rest["median"][str(depth["depth"])][n] for n in dense["median"]}
     for i, n in enumerate(cal["n"]):
-        assert cal["tau"]["dedup"][i] == pytest.approx(meas["tau"]["dedup"][i] + D[str(n)] - D["1"], rel=1e-9)
+        assert cal["tau"]["dedup"][i] == pytest.approx(meas["tau"]["dedup"][i] + o[str(n)] - o["1"], rel=1e-9)
 
 
 def test_the_score_has_no_saving_rules_on_one_kernel(chains):

@@ -34,6 +34,7 @@ DEFAULT_REPS = 5
 DEFAULT_WARMUP = 1
 DEFAULT_U_POINTS = 4
 DEFAULT_WINDOWS = 6
+DEFAULT_DEPTHS = (512,)  # the demo's verify depth (`bench.measure.MeasureConfig.depths`)
 ROOF_BYTES = 256_000_000
 
 
@@ -89,7 +90,7 @@ def characterize(model: Any, traces: str | Path | RoutingTrace, *, layers: Seque
                  kernels: Sequence[str] = COST_KERNELS, out: str | Path | None = None,
                  dtype: str | torch.dtype | None = None, flush_bytes: int | None = None, seed: int = 0,
                  progress: bool = False, model_spec: str | None = None, restart: bool = False,
-                 threads: int | None = None) -> dict[str, Any]:
+                 threads: int | None = None, depths: Sequence[int] = DEFAULT_DEPTHS) -> dict[str, Any]:
     """Run the benchmark on `layers` and return (and write to `out`) the "characterize" payload.
 
     model: a `synthetic:NAME` spec, a local checkpoint folder (each layer's experts loaded alone),
@@ -104,9 +105,12 @@ def characterize(model: Any, traces: str | Path | RoutingTrace, *, layers: Seque
     ProvenanceMismatch; `restart` moves the log to `<name>.old`. model_spec: the spec of a module.
     A GGUF file as `model` times llama.cpp's own expert operation (`bench.ggml_expert_op`) on
     `threads` threads (default: llama.cpp's); its trace must carry the file's identity and expert bytes
-    (`moespec trace --model FILE.gguf` records it through transformers and labels it so).
+    (`moespec trace --model FILE.gguf` records it through transformers and labels it so), and also
+    the file's dense products D(n) ("dense") and the rest of its pass R_d(n) at each of `depths`
+    ("rest", `bench.ggml_rest_op`), for the calibrated g(n).
     """
     n_values, fit_n = _pass_sizes(n)
+    depths = _depths(depths)
     _check_settings(reps=reps, verified_reps=verified_reps, windows=windows, warmup=warmup, u_points=u_points,
                     kernels=kernels)
     trace = _as_trace(traces)
@@ -124,9 +128,9 @@ def characterize(model: Any, traces: str | Path | RoutingTrace, *, layers: Seque
     records = _time_layers(get_experts, layer_ids, plan, extra, kernels, trace, reps=reps, verified_reps=verified_reps,
                            warmup=warmup, flush=flusher, log=log, seed=seed, progress=progress)
     payload = summarize(records, trace, layer_ids, n_values)
-    if target.get("experts") == "llama.cpp":  # a GGUF file: its dense products too, for the calibrated g(n)
-        payload["dense"] = _gguf_dense(label, n_values, target["options"]["threads"], warmup=warmup, flush=flusher,
-                                       seed=seed)
+    if target.get("experts") == "llama.cpp":  # a GGUF file: what grows with n outside its experts, for g(n)
+        payload.update(_gguf_outside(label, n_values, depths, target["options"]["threads"], warmup=warmup,
+                                     flush=flusher, seed=seed))
     payload.update(
         model=label,
         provenance=provenance,
@@ -243,13 +247,29 @@ def _time_layers(get_experts: Callable[[int], Any], layer_ids: Sequence[int], pl
     return records
 
 
-def _gguf_dense(path: str, ns: Sequence[int], threads: int, **timing) -> dict:
-    """`dense_times` of a GGUF file, then the file's mapped pages let go."""
+def _depths(depths: Sequence[int]) -> list[int]:
+    """The context depths of the rest of the pass, checked: distinct token counts >= 0, sorted."""
+    try:
+        found = sorted({int(d) for d in depths})
+        whole = all(not isinstance(d, bool) and int(d) == d for d in depths)
+    except (TypeError, ValueError):
+        found, whole = [], False
+    if not whole or (found and found[0] < 0):
+        raise ValueError(f"depths must be token counts >= 0, got {list(depths)}; give the verify passes' depths")
+    return found
+
+
+def _gguf_outside(path: str, ns: Sequence[int], depths: Sequence[int], threads: int, **timing) -> dict:
+    """{"dense": `dense_times`, "rest": `ggml_rest_op.rest_times` at `depths` (left out without
+    depths)} of a GGUF file, then the file's mapped pages let go."""
+    from moespec.bench.ggml_rest_op import rest_times
     from moespec.models import gguf_info
 
-    dense = dense_times(path, ns, threads, **timing)
+    found = {"dense": dense_times(path, ns, threads, **timing)}
+    if depths:
+        found["rest"] = rest_times(path, ns, depths, threads, **timing)
     gguf_info.forget()  # its tensors are copied and timed: unmap the file's pages read to copy them
-    return dense
+    return found
 
 
 DENSE_REPS = 15  # timed computes of the dense products per pass size

@@ -83,7 +83,7 @@ def batch_steps(gguf: str | Path, out: Path, knobs: BatchKnobs, *, progress: boo
             per_document=DOC_TOKENS, threads=knobs.threads), model=OWN),
         Step("batch-characterize", p(CHARACTERIZATION), characterize, dict(
             model=str(gguf), traces=p(TRACES), n=ns, **timing, out=p(CHARACTERIZATION), threads=knobs.threads,
-            progress=progress), reads=(p(TRACES),), model=OWN),
+            progress=progress, depths=()), reads=(p(TRACES),), model=OWN),  # V̂_B reads D(n), not R_d(n)
         Step("batch-measure", p(MEASUREMENT), measure, dict(gguf=gguf, out=p(MEASUREMENT), knobs=knobs,
                                                              progress=progress), model=OWN),
         Step("batch-predict", p(PREDICTION), predict, dict(out=p(PREDICTION), characterization=p(CHARACTERIZATION),

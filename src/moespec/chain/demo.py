@@ -94,6 +94,7 @@ def _characterize_knobs(config: DemoConfig) -> dict[str, Any]:
     knobs.setdefault("n", measure_config(config).ns)
     if config.llama:
         knobs["threads"] = config.threads
+        knobs.setdefault("depths", measure_config(config).depths)  # the rest of the pass at the verify depths
     return knobs
 
 

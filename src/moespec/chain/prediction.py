@@ -3,7 +3,8 @@
 Cost-model paper, Sec. 4–4.4 and App. E. `predict_from_artifacts` reads only
 
 - the characterization ("characterize" artifact): each characterized layer's fits (4)/(E.1), its
-  measured operation times on windows of recorded routing, and ε;
+  measured operation times on windows of recorded routing, and ε; of a GGUF file, its dense
+  products D(n) and the rest of its pass R_d(n) (the calibrated version's o(n), `outside_times`);
 - the routing trace: the union U of every window of n consecutive tokens, per layer and n;
 - the *base* measurement: h(k) from its "h" section (the demo's oracle probe off the scored grid),
   and the even-numbered repetitions of its verify passes (τ_meas(1), the operation timed between
@@ -202,28 +203,39 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
         ops = OperationTimes({p: {n: t.tolist() for n, t in times.op_times(TO_ENGINE[p]).items()}
                               for p in COST_KERNELS})
         op_layers = list(times.op_layers)
-    if times.inside and SLOT in times.inside:  # pass by pass: the time outside the operation (`_outside`)
+    if times.inside and SLOT in times.inside:  # pass by pass: the time outside the operation (`outside_times`)
         outside = {n: times.samples[SLOT][n] - times.inside[SLOT][n] for n in times.ns}
     return BaseInputs(depth=times.depth, ns=list(times.ns), tau1=times.tau_meas_1,
                       h=[float(json_get(h, k)) for k in ks], ops=ops, op_layers=op_layers, slot_outside=outside)
 
 
-def _outside(base: BaseInputs, char: Mapping[str, Any], ns: list[int]) -> tuple[dict[int, float], str]:
+def outside_times(base: BaseInputs, char: Mapping[str, Any], ns: list[int]) -> tuple[dict[int, float], str]:
     """(o(n), where it comes from): on torch, over the per-slot verify passes, each pass's time minus
     its time inside the experts modules, summarized as the verify times are
     (`costmodel.verify_times.pass_time`), "passes"; on llama.cpp, whose graph has no such split, the
-    characterization's D(n), the file's dense products timed alone (`bench.ggml_dense_op`),
-    "dense-ops": o(n) up to a constant, which g(n) = o(n) − o(1) drops."""
+    characterization's D(n), the file's dense products timed alone (`bench.ggml_dense_op`), plus
+    R_d(n), the rest of the pass at the base measurement's depth d (`bench.ggml_rest_op`) where it
+    was timed there, "dense-ops+rest", else D(n) alone, "dense-ops": o(n) up to a constant, which
+    g(n) = o(n) − o(1) drops."""
     split = base.slot_outside or {}
     if set(ns) <= set(split):
         return {n: pass_time(split[n]) for n in ns}, "passes"
     dense = (char.get("dense") or {}).get("median", {})
     if {str(n) for n in ns} <= set(dense):
+        rest = rest_at(char, base.depth)
+        if {str(n) for n in ns} <= set(rest):
+            return {n: dense[str(n)] + rest[str(n)] for n in ns}, "dense-ops+rest"
         return {n: dense[str(n)] for n in ns}, "dense-ops"
     raise VersionUnavailable(Unavailable.NO_PASS_SPLIT, (
         f"the base measurement's per-slot passes at depth {base.depth} hold no time inside their experts "
         "modules, and the characterization has no dense products' times D(n) at every n; measure again with "
         "this moespec (`moespec measure`; on llama.cpp, `moespec characterize` the GGUF file)"))
+
+
+def rest_at(char: Mapping[str, Any], depth: int) -> dict[str, float]:
+    """The characterization's R_d(n) at `depth`, {str(n): seconds}; empty where it has none there
+    (a characterization made before the rest of the pass was timed, or at other depths)."""
+    return dict(((char.get("rest") or {}).get("median") or {}).get(str(depth)) or {})
 
 
 def _between_passes(base: BaseInputs, source: list[int], ns: list[int]) -> OperationTimes | None:
@@ -288,7 +300,7 @@ def _predict(char: Mapping[str, Any], trace: RoutingTrace, measurement_base: Map
             ops, on = _fit_times(char, trace, ns), CalibratedOn.PREDICTION
     outside = None
     if version == "calibrated":
-        outside, made_of["calibrated_outside"] = _outside(base, char, ns)
+        outside, made_of["calibrated_outside"] = outside_times(base, char, ns)
         made_of["calibrated_on"] = on
     try:
         p = predict(t_slot=ops.at(COST_SLOT), t_dedup=ops.at(COST_DEDUP), tau1=base.tau1, h=base.h[: ns[-1]],

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from moespec import run_files
 from moespec.bench.characterize import (
+    DEFAULT_DEPTHS,
     DEFAULT_REPS,
     DEFAULT_U_POINTS,
     DEFAULT_WINDOWS,
@@ -44,6 +45,17 @@ def _check_longest(traces: Path, last: int) -> None:
         raise typer.BadParameter(f"the largest pass, n = {last}, is longer than the trace's longest document "
                                  f"({longest} tokens in {traces}); give --n up to {longest} or trace longer documents",
                                  param_hint="'--n'")
+
+
+def _depths(text: str) -> str:
+    """--depths: distinct context depths >= 0, "512,4096", checked before timing."""
+    try:
+        depths = [int(x) for x in text.split(",")]
+    except ValueError:
+        depths = []
+    if not depths or min(depths) < 0 or len(set(depths)) != len(depths):
+        raise typer.BadParameter(f"{text!r} is not a list of distinct depths >= 0 such as 512,4096")
+    return text
 
 
 def _u_points(value: int) -> int:
@@ -110,6 +122,9 @@ def characterize(
     flush_mib: int = typer.Option(None, "--flush-mib", callback=interval(1),
                                   help="cache-flush buffer (default: 2x LLC, >= 256 MiB)"),
     seed: int = typer.Option(0, "--seed", callback=interval(0)),
+    depths: str = typer.Option(",".join(map(str, DEFAULT_DEPTHS)), "--depths", callback=_depths,
+                               help="a .gguf model: the context depths at which the rest of its pass (attention "
+                                    "over the cache, norms, RoPE) is timed, e.g. 512,4096"),
     out: Path = typer.Option(Path(run_files.CHARACTERIZATION), "--out", callback=output_file,
                              help="the characterize artifact"),
     restart: bool = typer.Option(False, "--restart", help="move a point log made under another provenance (model, "
@@ -129,7 +144,8 @@ def characterize(
         model, traces, layers=parse_layers(layers), n=range(first, last + 1), reps=reps, u_points=u_points or None,
         windows=windows, verified=verified, verified_reps=verified_reps,
         kernels=[k.strip() for k in kernels.split(",") if k.strip()], out=out, dtype=dtype,
-        flush_bytes=None if flush_mib is None else flush_mib * 1024**2, seed=seed, progress=True, restart=restart)
+        flush_bytes=None if flush_mib is None else flush_mib * 1024**2, seed=seed, progress=True, restart=restart,
+        depths=[int(d) for d in depths.split(",")])
     from moespec.report.fig_bandwidth import plot_bandwidth
 
     png = plot_bandwidth(payload, figure or out.with_suffix(".png"))
