@@ -29,6 +29,7 @@ SCHEDULE = "schedule.png"  # Figure 7
 PROMPTS = "prompts.json"
 CANDIDATE = "candidate-"
 CALIBRATION_SUFFIX, CHECK_SUFFIX = "-calibration.json", "-check.json"
+BATCH_COST_SUFFIX, BATCH_COST_KIND = "-batch-cost.json", "candidate-batch-cost"  # a draft's h_B(k)
 CANDIDATES = "candidates.json"
 CANDIDATES_SCORE = "candidates-score.json"
 CANDIDATES_LLAMA = "candidates-llama.json"  # llama.cpp's own speculative decoding of the held-out half

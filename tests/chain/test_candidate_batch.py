@@ -1,9 +1,12 @@
-"""A host drafter at batch size B (chain.candidate_batch), by hand: V̂_{B,c}(k) = V̂_B(k) + B ĥ(k), the
-speedup E(k) V̂_{B,c}(0)/V̂_{B,c}(k), k̂*(B) its argmax, vLLM's ranges; a draft model gets no schedule."""
+"""The user's drafts at batch size B (chain.candidate_batch), by hand: a host drafter's V̂_{B,c}(k) =
+V̂_B(k) + B ĥ(k), a draft model's V̂_B(k) + ĥ_B(k) from its timed h_B; the speedup
+E(k) V̂_{B,c}(0)/V̂_{B,c}(k), k̂*(B) its argmax, vLLM's ranges; a draft model untimed at B gets no schedule."""
 
 import pytest
 
-from moespec.chain.candidate_batch import candidate_schedule, schedule_settings
+from moespec.bench.batch_draft_cost import BatchDraftCost
+from moespec.bench.candidate import DraftCost
+from moespec.chain.candidate_batch import NOT_TIMED, candidate_schedule, schedule_settings
 from moespec.chain.candidates import Candidate
 from tests.chain.test_candidates import calibration
 
@@ -39,3 +42,41 @@ def test_the_schedule_stops_at_the_shorter_of_the_two_draft_lengths():
     short = {"max_k": 1, "versions": {"prediction": {"1": [1.0, 1.1]}}}
     got = candidate_schedule(short, LOOKUP)
     assert got["max_k"] == 1 and len(got["B"]["1"]["step_times"]) == 2
+
+
+# the draft model's round of the batch, timed (plain, every sequence catching up), seconds
+DRAFT = calibration(Candidate("draft", draft="d.gguf"), (8, 4), (4, 2), (0, 0.1, 0.2), (0, 0.2, 0.3))
+TIMED = BatchDraftCost({1: DraftCost((0, 0.1, 0.2), (0, 0.2, 0.3), reps=1, context_tokens=4),
+                        4: DraftCost((0, 0.2, 0.6), (0, 0.4, 0.8), reps=1, context_tokens=4)})
+CHEAP_AT_4 = {"max_k": 2, "versions": {"prediction": {"1": [1.0, 1.1, 1.2], "4": [2.0, 2.2, 2.4]}}}
+
+
+def test_a_draft_model_schedule_by_hand_from_its_timed_h_B():
+    got = candidate_schedule(CHEAP_AT_4, DRAFT, batch_cost=TIMED)
+    one, four = got["B"]["1"], got["B"]["4"]
+    # alpha = 1/2, 1/2: P(1) = 1/2, P(2) = 1/4; E = 1, 3/2, 7/4
+    # B = 1: h = 1/2*0.1 + 1/2*0.2 = 0.15, 3/4*0.2 + 1/4*0.3 = 0.225; V_c = 1, 1.25, 1.425;
+    # speedup 1, 1.5/1.25 = 1.2, 1.75/1.425 = 1.228: k = 2
+    assert one["h"] == pytest.approx([0, 0.15, 0.225]) and one["step_times"] == pytest.approx([1.0, 1.25, 1.425])
+    assert one["k_star"] == 2 and one["speedup"] == pytest.approx(1.75 / 1.425)
+    # B = 4: h = 1/2*0.2 + 1/2*0.4 = 0.3, 3/4*0.6 + 1/4*0.8 = 0.65 (one batched pass per draft, not 4 h);
+    # V_c = 2, 2.5, 3.05; speedup 1, 3/2.5 = 1.2, 3.5/3.05 = 1.148: k = 1
+    assert four["h"] == pytest.approx([0, 0.3, 0.65]) and four["step_times"] == pytest.approx([2.0, 2.5, 3.05])
+    assert four["k_star"] == 1 and four["speedup"] == pytest.approx(1.2)
+    vllm = schedule_settings(DRAFT.candidate.to_dict(), got)
+    assert '"model": "d.gguf"' in vllm["fragment"]
+    assert '"num_speculative_tokens_per_batch_size": [[1, 3, 2], [4, 4, 1]]' in vllm["fragment"]
+
+
+def test_a_draft_model_schedule_stops_where_its_h_B_was_timed():
+    short = BatchDraftCost({1: DraftCost((0, 0.1), (0, 0.2), reps=1, context_tokens=4)})
+    got = candidate_schedule(CHEAP_AT_4, DRAFT, batch_cost=short)
+    assert got["max_k"] == 1 and list(got["B"]) == ["1"]  # k <= 1, and B = 4 was not timed
+    elsewhere = BatchDraftCost({8: DraftCost((0, 0.1), (0, 0.2), reps=1, context_tokens=4)})
+    assert "timed at batch sizes [8], the batch prediction is at [1, 4]" in \
+        candidate_schedule(CHEAP_AT_4, DRAFT, batch_cost=elsewhere)["unavailable"]
+
+
+def test_a_host_drafter_keeps_B_times_its_own_cost_and_an_untimed_draft_its_unavailable_line():
+    assert candidate_schedule(PREDICTION, LOOKUP, batch_cost=TIMED) == candidate_schedule(PREDICTION, LOOKUP)
+    assert candidate_schedule(CHEAP_AT_4, DRAFT) == {"unavailable": NOT_TIMED}

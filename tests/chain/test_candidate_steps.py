@@ -9,6 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from moespec import artifacts
+from moespec.chain.candidate_batch import NOT_TIMED
+from moespec.chain.candidate_steps import batch_answer, batch_cost_step, batch_cost_steps, candidate_steps, drop_changed
 from moespec.chain.candidates import Candidate
 from moespec.chain.demo import DemoConfig, demo_setup, run_demo
 from moespec.cli.main import app
@@ -110,6 +112,13 @@ def test_the_answer_words_table_and_figure(run):
     assert "Figure 8: your drafts" in html and "Table 10: your drafts" in html
 
 
+def test_a_torch_chain_times_no_draft_at_batch_size_B(run):
+    folder, result, _, _ = run
+    assert not list(folder.glob("candidate-*-batch-cost.json"))
+    assert not any(name.startswith("batch-cost") for name in result.ran)
+    assert "batch" not in payload(folder / "candidates.json")  # no batch chain: no batch lines at all
+
+
 def test_refusals_come_before_anything_runs(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")
@@ -137,3 +146,64 @@ def test_the_cli_refuses_a_draft_llama_cpp_would_not_pair_in_one_line(tmp_path):
         assert got.exit_code == 2 and isinstance(got.exception, SystemExit), got.output
         assert why in " ".join(got.output.replace("│", " ").split()) and "Traceback" not in got.output
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+KNOBS = dict(kmax=2, new_tokens=8, prompt_tokens=24, temperature=0.0, top_p=None, seed=0, cost_reps=2, check_reps=1)
+GGUF_DRAFT = Candidate("draft", draft="d.gguf").to_dict()
+
+
+def test_a_gguf_draft_is_timed_at_batch_size_B_only_after_the_batch_chain(tmp_path):
+    cands = (GGUF_DRAFT, CANDIDATES[0], CANDIDATES[1])  # a GGUF draft, a draft on torch, a lookup
+    steps = candidate_steps(tmp_path, cands, KNOBS, source=None, target_file="t.gguf", threads=2, context=None,
+                            llama=True, batch=True, echo=lambda _: None)
+    names = [s.name for s in steps]
+    assert names[names.index("calibrate prompt-lookup n=2") + 1: names.index("candidates") + 1] == [
+        "batch-cost d.gguf", "candidates"]
+    cost, answer = steps[names.index("batch-cost d.gguf")], steps[names.index("candidates")]
+    assert cost.writes == tmp_path / "candidate-0-batch-cost.json" and cost.args["threads"] == 2
+    assert cost.reads == (tmp_path / "prompts.json", tmp_path / "batch-measurement.json")
+    assert answer.args["batch_costs"] == [cost.writes, None, None] and cost.writes in answer.reads
+    plain = candidate_steps(tmp_path, cands, KNOBS, source=None, target_file=None, threads=None, context=None,
+                            llama=False, echo=lambda _: None)
+    assert not any(s.name.startswith("batch-cost") for s in plain)  # a torch chain runs no batch chain
+    assert batch_cost_steps(tmp_path, cands, KNOBS, prompts=tmp_path / "p", threads=1, batch=False) == [None] * 3
+
+
+def test_an_answer_made_before_h_B_was_timed_and_a_cost_of_another_candidate_are_made_again(tmp_path):
+    cands = (GGUF_DRAFT,)
+    old = {"candidates": [{"name": "d.gguf"}], "batch": {"d.gguf": {"unavailable": NOT_TIMED}}}
+    artifacts.write(tmp_path / "candidates.json", "candidates", old)
+    artifacts.write(tmp_path / "candidate-0-batch-cost.json", "candidate-batch-cost",
+                    {"candidate": Candidate("draft", draft="e.gguf").to_dict(), "settings": KNOBS})
+    drop_changed(tmp_path, cands, KNOBS, None, lambda _: None, batch=True)
+    assert not (tmp_path / "candidates.json").exists() and not (tmp_path / "candidate-0-batch-cost.json").exists()
+    timed = {"candidates": [{"name": "d.gguf"}], "batch": {"d.gguf": {"B": {}}}}
+    artifacts.write(tmp_path / "candidates.json", "candidates", timed)
+    drop_changed(tmp_path, cands, KNOBS, None, lambda _: None, batch=True)
+    assert (tmp_path / "candidates.json").exists()
+
+
+def test_the_batch_answer_reads_a_draft_models_stored_h_B(tmp_path):
+    from tests.chain.test_candidate_batch import CHEAP_AT_4, DRAFT, LOOKUP, TIMED
+
+    prediction = artifacts.write(tmp_path / "batch-prediction.json", "batch-predict", CHEAP_AT_4)
+    cost = artifacts.write(tmp_path / "candidate-0-batch-cost.json", "candidate-batch-cost", TIMED.to_dict())
+    got = batch_answer(prediction, [DRAFT, LOOKUP], [cost, None])
+    assert got["d.gguf"]["B"]["4"]["k_star"] == 1 and got["d.gguf"]["vllm"]["speculate"]  # test_candidate_batch
+    assert got["prompt-lookup n=3"]["B"]["4"]["step_times"] == pytest.approx([2.0, 2.6, 3.4])  # V_B + 4 h(k)
+    untimed = batch_answer(prediction, [DRAFT], [tmp_path / "missing.json"])
+    assert untimed["d.gguf"]["unavailable"] == NOT_TIMED and untimed["d.gguf"]["vllm"] is None
+
+
+def test_a_gguf_drafts_h_B_on_llama_cpp(gguf_files, tmp_path):
+    # the step on the trained draft's GGUF file, at batch sizes 1 and 2 and k <= 2 (the chain's max_k)
+    prompts = artifacts.write(tmp_path / "prompts.json", "prompts", {"calibration": [[5, 6, 7, 8], [9, 10, 11]]})
+    chain = artifacts.write(tmp_path / "batch-measurement.json", "batch-measure", {"sizes": [1, 2], "max_k": 2})
+    draft = Candidate("draft", draft=str(gguf_files["draft-q8_0"])).to_dict()
+    path = tmp_path / "candidate-0-batch-cost.json"
+    batch_cost_step(None, None, candidate=draft, prompts=prompts, measurement=chain, knobs=dict(KNOBS, kmax=3),
+                    path=path, threads=1)
+    got = payload(path)
+    assert got["kmax"] == 2 and sorted(got["by_batch"]) == ["1", "2"] and got["candidate"] == draft
+    for row in got["by_batch"].values():
+        assert row["plain"][0] == 0 and min(row["plain"][1:] + row["catch_up"][1:]) > 0 and row["reps"] == 2

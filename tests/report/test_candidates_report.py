@@ -1,7 +1,9 @@
 """The words of the user's-drafts answer (report.candidates) from candidates.json as it is stored:
-an unbounded band is stored as null (JSON has no inf) and must read as "no band", not fail."""
+an unbounded band is stored as null (JSON has no inf) and must read as "no band", not fail; the
+batch lines of a draft model timed at B read as a host drafter's, an untimed one says why."""
 
-from moespec.report.candidates import answer_lines
+from moespec.chain.candidate_batch import NOT_TIMED
+from moespec.report.candidates import answer_lines, batch_lines
 
 
 def stored(high):
@@ -19,3 +21,16 @@ def test_the_band_reads_from_a_stored_answer_bounded_or_not():
     assert "llama-server: --spec-type draft-simple -md d.gguf --spec-draft-n-max 2" in bounded
     unbounded = " ".join(answer_lines(stored(None)))
     assert "1.50x plain decoding (no band: the prediction's step-time error bound is vacuous)" in unbounded
+
+
+def test_the_batch_lines_of_a_draft_model_timed_at_B_and_of_one_that_was_not():
+    timed = {"version": "prediction", "max_k": 2, "vllm": {"speculate": True, "fragment": "--speculative-config X"},
+             "B": {"1": {"k_star": 2, "speedup": 1.228, "step_times": [1, 1.25, 1.425], "h": [0, 0.15e-3, 0.225e-3]},
+                   "4": {"k_star": 0, "speedup": 1.0, "step_times": [2, 2.5, 3.05], "h": [0, 0.3e-3, 0.65e-3]}}}
+    lines = batch_lines({"batch": {"d.gguf": timed, "e.gguf": {"unavailable": NOT_TIMED, "vllm": None}}})
+    assert lines[0] == ("At batch size B (prediction of the batch chain), d.gguf: k = 2 at B = 1 (1.23x, drafting "
+                        "0.23 ms a round), k = 0 at B = 4 (1.00x).")
+    assert lines[1] == "  vLLM: --speculative-config X"
+    assert lines[2].startswith("At batch size B, e.gguf: no schedule (a draft model's cost at batch size B, a "
+                               "batched draft pass, is not timed yet here")
+    assert len(lines) == 3

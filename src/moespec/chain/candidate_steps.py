@@ -4,8 +4,11 @@
    calibration and a held-out half (`bench.candidate.split_prompts`: by content, not by order);
 2. per candidate, its calibration on the calibration half only (`chain.candidates.calibrate`): the
    acceptance by position α_1..α_kmax and its own cost h(k);
-3. the answer over the candidates (`chain.candidate_answer`): V̂(k) = τ̂(k+1) + ĥ(k) from the chain's
+3. where the demo runs the batch chain on llama.cpp, per GGUF draft model its own cost at each batch
+   size B of the chain, h_B(k) (`bench.batch_draft_cost`, on the calibration half's prompts);
+   the answer over the candidates (`chain.candidate_answer`): V̂(k) = τ̂(k+1) + ĥ(k) from the chain's
    calibrated prediction, k̂*, the speedup and its band, the lines for llama-server, vLLM and SGLang;
+   with the batch chain, each candidate's k̂*(B) (`chain.candidate_batch`);
 4. per candidate, the held-out check (`chain.candidate_check.check_heldout`): moespec's engine at
    every fixed k = 0..kmax on prompts the calibration never read;
 5. the score: k̂* against the measured best k, the speedup error, the named best against the measured.
@@ -133,10 +136,39 @@ def check_step(model, tokenizer, *, candidate: dict, prompts: Path, knobs: dict,
     artifacts.write(path, run_files.CHECK_KIND, {**check.to_dict(), "settings": dict(knobs)})
 
 
+def batch_cost_file(index: int) -> str:
+    """A draft model's h_B(k) (`batch_cost_step`) for the candidate at `index`."""
+    return f"{run_files.CANDIDATE}{index}{run_files.BATCH_COST_SUFFIX}"
+
+
+def batch_cost_step(model, tokenizer, *, candidate: dict, prompts: Path, measurement: Path, knobs: dict, path: Path,
+                    threads: int | None) -> None:
+    """A GGUF draft's h_B(k) at the batch chain's batch sizes and threads, on llama.cpp, for k up to the
+    shorter of the candidate's kmax and the chain's max_k (`bench.batch_draft_cost`): each sequence
+    holds a prompt of the calibration half, as h(k) at B = 1 is timed at the first one's depth."""
+    from moespec.bench.batch_draft_cost import measure_batch_draft_cost
+    from moespec.models import load as load_model
+    from moespec.texts import vocab_limit
+
+    ids = artifacts.load(prompts, run_files.KINDS[run_files.PROMPTS])["payload"]["calibration"]
+    chain = artifacts.load(measurement, run_files.KINDS[run_files.BATCH_MEASUREMENT])["payload"]
+    sizes, kmax = [int(B) for B in chain["sizes"]], min(int(knobs["kmax"]), int(chain["max_k"]))
+    draft, _ = load_model(candidate["draft"], backend="llama.cpp", threads=threads, sequences=max(sizes),
+                          n_ctx=max(len(p) for p in ids) + kmax + 2)
+    try:
+        cost = measure_batch_draft_cost(draft, ids, sizes=sizes, kmax=kmax, reps=knobs["cost_reps"],
+                                        temperature=knobs["temperature"], vocab_limit=vocab_limit(tokenizer))
+    finally:
+        draft.close()
+    artifacts.write(path, run_files.BATCH_COST_KIND, {"candidate": candidate, **cost.to_dict(), "kmax": kmax,
+                                                      "half": "calibration", "settings": dict(knobs)})
+
+
 def answer_step(*, prediction: Path, calibrations: Sequence[Path], kernel: str, path: Path,
-                batch_prediction: Path | None = None) -> None:
+                batch_prediction: Path | None = None, batch_costs: Sequence[Path | None] = ()) -> None:
     """candidates.json: each candidate's prediction and the answer over them; with the batch chain's
-    prediction, each host drafter's k̂*(B) and vLLM's per-batch-size line (`chain.candidate_batch`)."""
+    prediction, each candidate's k̂*(B) and vLLM's per-batch-size line (`chain.candidate_batch`; a
+    draft model's from its h_B(k) in `batch_costs`, one path or None per candidate)."""
     from moespec.chain.candidate_answer import answer_for, predict_candidate
     from moespec.chain.candidates import CandidateCalibration
 
@@ -146,18 +178,23 @@ def answer_step(*, prediction: Path, calibrations: Sequence[Path], kernel: str, 
     preds = [predict_candidate(doc, cal, kernel=kernel) for cal in cals]
     got = {"candidates": [p.to_dict() for p in preds], "answer": answer_for(preds).to_dict()}
     if batch_prediction is not None and batch_prediction.exists():
-        got["batch"] = batch_answer(batch_prediction, cals)
+        got["batch"] = batch_answer(batch_prediction, cals, batch_costs)
     artifacts.write(path, run_files.KINDS[run_files.CANDIDATES], got)
 
 
-def batch_answer(batch_prediction: Path, calibrations) -> dict:
-    """{name: the candidate's schedule and vLLM's line} at the batch chain's batch sizes."""
+def batch_answer(batch_prediction: Path, calibrations, batch_costs: Sequence[Path | None] = ()) -> dict:
+    """{name: the candidate's schedule and vLLM's line} at the batch chain's batch sizes; a draft
+    model's h_B(k) read from its entry of `batch_costs` where it was timed (an existing file)."""
+    from moespec.bench.batch_draft_cost import BatchDraftCost
     from moespec.chain.candidate_batch import candidate_schedule, schedule_settings
 
     payload = artifacts.load(batch_prediction, run_files.KINDS[run_files.BATCH_PREDICTION])["payload"]
+    costs = list(batch_costs) + [None] * (len(calibrations) - len(batch_costs))
     out = {}
-    for cal in calibrations:
-        schedule = candidate_schedule(payload, cal)
+    for cal, cost in zip(calibrations, costs):
+        timed = None if cost is None or not Path(cost).exists() else \
+            BatchDraftCost.from_dict(artifacts.load(cost, run_files.BATCH_COST_KIND)["payload"])
+        schedule = candidate_schedule(payload, cal, batch_cost=timed)
         out[cal.candidate.name] = {**schedule, "vllm": schedule_settings(cal.candidate.to_dict(), schedule)}
     return out
 
@@ -191,8 +228,8 @@ def drop_changed(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any]
     names = [c["name"] for c in candidates]
     for path in sorted(out.glob(f"{run_files.CANDIDATE}*.json")):
         index, _, rest = path.name.removeprefix(run_files.CANDIDATE).partition("-")
-        kind = {run_files.CALIBRATION_SUFFIX: run_files.CALIBRATION_KIND,
-                run_files.CHECK_SUFFIX: run_files.CHECK_KIND}.get("-" + rest)
+        kind = {run_files.CALIBRATION_SUFFIX: run_files.CALIBRATION_KIND, run_files.CHECK_SUFFIX: run_files.CHECK_KIND,
+                run_files.BATCH_COST_SUFFIX: run_files.BATCH_COST_KIND}.get("-" + rest)
         if kind is None or not index.isdigit():
             continue
         got = artifacts.load(path, kind)["payload"]
@@ -202,8 +239,33 @@ def drop_changed(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any]
             path.unlink()
     if p(run_files.CANDIDATES).exists():
         got = artifacts.load(p(run_files.CANDIDATES), run_files.KINDS[run_files.CANDIDATES])["payload"]
-        if [c["name"] for c in got["candidates"]] != names or batch != ("batch" in got):
+        from moespec.chain.candidate_batch import NOT_TIMED
+
+        untimed = [n for n in timed_at_batch(candidates, batch) if got.get("batch", {}).get(n, {}).get("unavailable")
+                   == NOT_TIMED]  # an answer made before h_B was timed
+        if [c["name"] for c in got["candidates"]] != names or batch != ("batch" in got) or untimed:
             drop(out, [run_files.CANDIDATES, run_files.CANDIDATES_SCORE])
+
+
+def timed_at_batch(candidates: Sequence[dict], batch: bool) -> list[str]:
+    """The names of the candidates whose own cost is timed at batch size B: GGUF draft models, with the
+    batch chain (a draft on torch has no batched pass on llama.cpp; host drafters need none)."""
+    from moespec.chain.candidates import DRAFT
+    from moespec.models.gguf import is_gguf
+
+    return [c["name"] for c in candidates if batch and c["kind"] == DRAFT and is_gguf(c["draft"])]
+
+
+def batch_cost_steps(out: Path, candidates: Sequence[dict], knobs: dict, *, prompts: Path, threads: int | None,
+                     batch: bool) -> list[Step | None]:
+    """Per candidate, the step timing its h_B(k) after the batch chain (`batch_cost_step`), or None where
+    none is timed (`timed_at_batch`)."""
+    timed = set(timed_at_batch(candidates, batch))
+    measurement = out / run_files.BATCH_MEASUREMENT
+    return [Step(f"batch-cost {c['name']}", out / batch_cost_file(i), batch_cost_step, dict(
+        candidate=c, prompts=prompts, measurement=measurement, knobs=knobs, path=out / batch_cost_file(i),
+        threads=threads), reads=(prompts, measurement), model=HELD) if c["name"] in timed else None
+            for i, c in enumerate(candidates)]
 
 
 def candidate_steps(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any], *, source: str | None,
@@ -225,11 +287,14 @@ def candidate_steps(out: Path, candidates: Sequence[dict], knobs: Mapping[str, A
                                                            path=prompts), model=HELD)]
     steps += [Step(f"calibrate {c['name']}", cal, calibrate_step, dict(common, candidate=c, path=cal),
                    reads=(prompts,), model=HELD) for c, cal in zip(candidates, cals)]
+    costs = batch_cost_steps(out, candidates, knobs, prompts=prompts, threads=threads, batch=batch)
+    steps += [step for step in costs if step is not None]
     batched = (p(run_files.BATCH_PREDICTION),) if batch else ()
+    timed = [None if step is None else step.writes for step in costs]
     steps.append(Step("candidates", p(run_files.CANDIDATES), answer_step, dict(
         prediction=p(run_files.PREDICTION), calibrations=cals, kernel=COST_DEDUP if llama else COST_AUTO,
-        path=p(run_files.CANDIDATES), batch_prediction=batched[0] if batched else None),
-        reads=(p(run_files.PREDICTION), *batched, *cals)))
+        path=p(run_files.CANDIDATES), batch_prediction=batched[0] if batched else None, batch_costs=timed),
+        reads=(p(run_files.PREDICTION), *batched, *cals, *(t for t in timed if t is not None))))
     steps += [Step(f"check {c['name']}", chk, check_step, dict(common, candidate=c, path=chk), reads=(prompts,),
                    model=HELD) for c, chk in zip(candidates, checks)]
     steps.append(Step("candidates-score", p(run_files.CANDIDATES_SCORE), score_step, dict(

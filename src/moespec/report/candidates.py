@@ -46,17 +46,24 @@ def answer_lines(candidates: dict[str, Any], prompts: dict[str, Any] | None = No
 
 
 def batch_lines(candidates: dict[str, Any]) -> list[str]:
-    """Each candidate's k̂*(B) at the batch chain's batch sizes, and vLLM's per-batch-size line."""
+    """Each candidate's k̂*(B) at the batch chain's batch sizes (with its own drafting time per round
+    of the batch at k̂*, where stored), and vLLM's per-batch-size line."""
     lines = []
     for name, s in candidates.get("batch", {}).items():
         if "B" not in s:
             lines.append(f"At batch size B, {name}: no schedule ({s['unavailable']}).")
             continue
-        steps = ", ".join(f"k = {x['k_star']} at B = {B} ({x['speedup']:.2f}x)" for B, x in s["B"].items())
+        steps = ", ".join(f"k = {x['k_star']} at B = {B} ({x['speedup']:.2f}x{drafting(x)})" for B, x in s["B"].items())
         lines.append(f"At batch size B ({s['version']} of the batch chain), {name}: {steps}.")
         if s.get("vllm") and s["vllm"]["speculate"]:
             lines.append(f"  vLLM: {s['vllm']['fragment']}")
     return lines
+
+
+def drafting(at_batch: dict[str, Any]) -> str:
+    """", drafting X ms a round": the candidate's own cost of a round of the batch at k̂* (none at k = 0)."""
+    k, h = at_batch["k_star"], at_batch.get("h")
+    return f", drafting {h[k] * 1e3:.2f} ms a round" if h and k > 0 else ""
 
 
 def score_lines(score: dict[str, Any]) -> list[str]:
