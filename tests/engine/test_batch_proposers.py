@@ -89,8 +89,9 @@ def test_a_batch_draft_proposes_k_tokens_per_live_sequence_and_rolls_back_on_com
     views = [SlotView(model, 0), SlotView(model, 1)]
     samplers = [greedy(), greedy()]
     draft.begin(prompts, views, 8, samplers)
-    assert [model.seq_length(s) for s in (0, 1)] == [2, 1]  # every prompt token but the last
+    assert [model.seq_length(s) for s in (0, 1)] == [0, 0]  # nothing until a round drafts (a call may never)
     got = draft.propose([(0, 0, prompts[0]), (1, 1, prompts[1])], 3, dict(enumerate(samplers)))
+    assert [model.seq_length(s) for s in (0, 1)] == [5, 4]  # the prompts, then the drafts but the last
     assert got[0].tokens.tolist() == [4, 5, 6] and got[1].tokens.tolist() == [9, 10, 0]
     assert got[0].q is None  # greedy drafts carry no distribution
     draft.commit(0, 0, 4)

@@ -78,7 +78,7 @@ def measure_batch_draft_cost(model, prompts: Sequence[Sequence[int]], *, sizes: 
                              vocab_limit: int | None = None) -> BatchDraftCost:
     """h_B(k) for k = 0..kmax at each batch size B of `sizes` (module docstring) on `model`, a BatchModel
     holding >= max(sizes) sequences. Sequence s holds prompt s (cycled when B exceeds the prompts, each
-    >= 2 ids); its cache is filled untimed (`BatchDraft.begin`) before each B is timed."""
+    >= 2 ids); its cache is filled untimed (`BatchDraft.fill`) before each B is timed."""
     sizes = sorted({int(B) for B in sizes})
     prompts = [torch.as_tensor(list(p), dtype=torch.long) for p in prompts]
     if not sizes or sizes[0] < 1 or sizes[-1] > model.sequences:
@@ -95,6 +95,7 @@ def measure_batch_draft_cost(model, prompts: Sequence[Sequence[int]], *, sizes: 
                     for s in range(B)}
         draft.begin(held, [SlotView(model, s) for s in range(B)], kmax + 1, list(samplers.values()))
         live = [(s, s, ctx) for s, ctx in enumerate(held)]
+        draft.fill(live)  # the prompts' prefill, untimed
         plain, caught = [0.0], [0.0]
         for k in range(1, kmax + 1):
             plain.append(time_batch_round(draft, live, k, 0, samplers=samplers, reps=reps, warmup=warmup))
