@@ -208,8 +208,7 @@ def default_flusher(enabled: bool, model=None) -> Callable[[], None] | None:
     """The cache flush before every timed pass (the 256 MiB flush App. D runs before the expert
     operation's timings), or None when `enabled` is False or the model's weights fit in the
     last-level cache (`fits_in_cache`): decoding then finds them there, and a pass timed cold would
-    be slower than every pass the model ever runs (on trained:olmoe's 10.7 MB q8_0 file, 2.8 ms
-    against 1.7 ms at d = 512)."""
+    measure a state no decoding step sees."""
     if not enabled or fits_in_cache(model):
         return None
     return CacheFlusher()
