@@ -54,8 +54,8 @@ SCHEMAS: dict[str, Any] = {
             "a0": {EVERY: NUM}, "step_points": BY_KERNEL}}}]),
     },
     "score": {
-        "depths": NonEmpty([{"depth": INT, "versions": {EVERY: {
-            "acceptance": NUMS, "k_star_predicted": [INT], "k_star_measured": [INT], "loss": NUMS}}}]),
+        "depths": [{"depth": INT, "versions": {EVERY: {
+            "acceptance": NUMS, "k_star_predicted": [INT], "k_star_measured": [INT], "loss": NUMS}}}],
     },
 }
 # how each kind is made again, for the message's fix

@@ -47,5 +47,5 @@ def test_a_missing_or_empty_artifact(tmp_path):
         predicted_step_times(tmp_path / "none.json", kernel="dedup")
     assert e.value.argument == "path"
     empty = artifacts.write(tmp_path / "empty.json", "predict", {"depths": []})
-    with pytest.raises(StepTimesNotFound, match="predicts no depth"):
+    with pytest.raises(StepTimesNotFound, match="empty.json: depths is empty"):  # the schema names file and field
         predicted_step_times(empty, kernel="dedup")

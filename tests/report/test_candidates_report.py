@@ -34,3 +34,13 @@ def test_the_batch_lines_of_a_draft_model_timed_at_B_and_of_one_that_was_not():
     assert lines[2].startswith("At batch size B, e.gguf: no schedule (a draft model's cost at batch size B, a "
                                "batched draft pass, is not timed yet here")
     assert len(lines) == 3
+
+
+def test_a_batch_schedule_at_B_1_that_differs_from_the_headline_says_so():
+    at = {"version": "prediction", "max_k": 2, "vllm": None,
+          "B": {"1": {"k_star": 0, "speedup": 1.0, "step_times": [1, 1.5, 2]}}}
+    heads = [{"name": "d.gguf", "answer": {"k_star": 1}}]
+    lines = batch_lines({"candidates": heads, "batch": {"d.gguf": at}})
+    assert len(lines) == 2 and lines[1].startswith("  At B = 1 this differs from the answer above (k = 1)")
+    heads[0]["answer"]["k_star"] = 0  # the same k: nothing to say
+    assert len(batch_lines({"candidates": heads, "batch": {"d.gguf": at}})) == 1

@@ -49,12 +49,17 @@ def batch_lines(candidates: dict[str, Any]) -> list[str]:
     """Each candidate's k̂*(B) at the batch chain's batch sizes (with its own drafting time per round
     of the batch at k̂*, where stored), and vLLM's per-batch-size line."""
     lines = []
+    headline = {c["name"]: c["answer"]["k_star"] for c in candidates.get("candidates", [])}
     for name, s in candidates.get("batch", {}).items():
         if "B" not in s:
             lines.append(f"At batch size B, {name}: no schedule ({s['unavailable']}).")
             continue
         steps = ", ".join(f"k = {x['k_star']} at B = {B} ({x['speedup']:.2f}x{drafting(x)})" for B, x in s["B"].items())
         lines.append(f"At batch size B ({s['version']} of the batch chain), {name}: {steps}.")
+        one = s["B"].get("1")
+        if one is not None and name in headline and one["k_star"] != headline[name]:
+            lines.append(f"  At B = 1 this differs from the answer above (k = {headline[name]}): the batch chain times "
+                         "its own, shorter prompts, and a small model's step times move with the context's depth.")
         if s.get("vllm") and s["vllm"]["speculate"]:
             lines.append(f"  vLLM: {s['vllm']['fragment']}")
     return lines
