@@ -61,6 +61,10 @@ def test_contradicting_expert_counts_are_refused_before_llama_cpp_aborts(tmp_pat
     r = runner.invoke(app, ["generate", "--target", str(bad), "--prompt", "x", "--max-new-tokens", "2"])
     (line,) = [x for x in r.output.splitlines() if x.strip()]
     assert r.exit_code != 0 and line.startswith("error: ") and said in line, r.output
+    from moespec.models import gguf_info
+
+    with pytest.raises(ValueError, match=said):  # the file's identity, compared with a trace's, is read after it
+        gguf_info.identity(bad)
 
 
 def test_more_threads_than_cores_are_refused_in_one_line(gguf_files):

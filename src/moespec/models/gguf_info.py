@@ -202,6 +202,10 @@ def expert_bytes(path: str | Path) -> list[int]:
 def identity(path: str | Path) -> dict[str, Any]:
     """The lineage identity of a GGUF file (`lineage.IDENTITY` plus "experts"): its file name
     (the same file given by a relative or an absolute path is one model), fingerprint, the expert
-    weights' type as dtype, and N, m, L."""
+    weights' type as dtype, and N, m, L. A header whose expert counts contradict each other is refused
+    first, naming them (`gguf_header.check_moe_fields`), before any comparison with another artifact."""
+    from moespec.backends.gguf_header import check_moe_fields
+
+    check_moe_fields(path)
     return {"model": Path(path).name, "fingerprint": fingerprint(path),
             "dtype": weight_type(path), "experts": ENGINE, **moe_shape(path)}
