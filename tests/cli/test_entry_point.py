@@ -20,4 +20,4 @@ import moespec.cli.main
 def test_an_interrupt_while_the_commands_load_is_one_line():
     done = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT], capture_output=True, text=True, timeout=120)
     assert done.returncode == 130, done.stderr
-    assert done.stderr.strip() == "interrupted while moespec was starting; nothing was run"
+    assert done.stderr.strip() == "interrupted while moespec was starting; nothing was run: run the command again to resume"

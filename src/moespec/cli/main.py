@@ -6,7 +6,7 @@ try:
     from moespec.cli import batch, chain, characterize, export, gate, generate, measure, models, settings, theory, traces, train  # noqa: F401,E501  (registration)
     from moespec.cli.app import app
 except KeyboardInterrupt:  # Ctrl-C while the commands load: nothing ran yet, so no traceback
-    sys.stderr.write("interrupted while moespec was starting; nothing was run\n")
+    sys.stderr.write("interrupted while moespec was starting; nothing was run: run the command again to resume\n")
     raise SystemExit(130) from None
 
 
