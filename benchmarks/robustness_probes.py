@@ -24,6 +24,7 @@ trace of another model) are made once under --cache and reused. Probes run two a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -505,7 +506,8 @@ def second_chain(first_args: list[str], second_args: list[str], wait: float) -> 
             rc, out, _ = run_cli(fill(second_args), REFUSE_S)
             running = p.poll() is None
         finally:
-            os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # the first chain may have ended already
+                os.killpg(p.pid, signal.SIGKILL)
             p.communicate()
         if not running:
             return "wrong", "the first chain ended before the second started; raise the wait\n" + out
@@ -591,7 +593,7 @@ def race_probes(c: dict) -> list[Probe]:
                                    ("SIGINT", signal.SIGINT, 40), ("SIGKILL", signal.SIGKILL, 15),
                                    ("SIGKILL", signal.SIGKILL, 35))]  # 3 s: still importing
     return [*probes,
-            Probe("concurrency", "a second demo in a running demo's folder", demo, run=second_chain(demo, demo, 12)),
+            Probe("concurrency", "a second demo in a running demo's folder", demo, run=second_chain(demo, demo, 8)),
             Probe("concurrency", "a second batch in a running batch's folder", batch, run=second_chain(batch, batch, 10)),
             Probe("concurrency", "warm-start store: 8 writers x 6 keys, 5 trials", run=store_writers, expect="ok"),
             Probe("concurrency", "warm-start store: 8 generate -k auto at once", run=store_generate, expect="ok"),
