@@ -353,6 +353,9 @@ def artifact_probes(c: dict) -> list[Probe]:
         for variant, path in c["artifacts"][source.get(slot, slot)].items():
             if slot in source and variant not in few:
                 continue
+            if slot == "settings" and variant == "other-model":  # nothing else given: no model to differ from
+                probes.append(Probe("artifacts", f"{slot}: {variant}", args(str(path)), expect="ok"))
+                continue
             probes.append(Probe("artifacts", f"{slot}: {variant}", args(str(path)),
                                 names=((path.name, role(source.get(slot, slot))),)))
     for kind, name, path, expect in c["edited"]:
@@ -495,13 +498,17 @@ def interrupted_demo(sig: int, after: float) -> Callable[[Probe, Path], tuple[st
 
 
 def second_chain(first_args: list[str], second_args: list[str], wait: float) -> Callable[[Probe, Path], tuple[str, str]]:
-    """A chain started in a folder, then a second one in the same folder `wait` s later: refused at once
-    naming the folder; the first is then stopped (its finish is another probe's business)."""
+    """A chain started in a folder, then a second one in the same folder once the first has written
+    there (at most `wait` s): refused at once naming the folder; the first is then stopped (its finish
+    is another probe's business)."""
     def run(probe: Probe, work: Path) -> tuple[str, str]:
         fill = lambda args: [a.format(cache=CACHE, work=work) for a in args]  # noqa: E731
         p = subprocess.Popen([*CLI, *fill(first_args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV,
                              start_new_session=True, text=True, errors="replace")
-        time.sleep(wait)
+        folder = Path(fill([first_args[first_args.index("--out-dir") + 1]])[0])
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not (folder.is_dir() and any(folder.iterdir())):
+            time.sleep(0.2)  # the first chain holds the folder from before its first step writes there
         try:
             rc, out, _ = run_cli(fill(second_args), REFUSE_S)
             running = p.poll() is None
@@ -593,8 +600,8 @@ def race_probes(c: dict) -> list[Probe]:
                                    ("SIGINT", signal.SIGINT, 40), ("SIGKILL", signal.SIGKILL, 15),
                                    ("SIGKILL", signal.SIGKILL, 35))]  # 3 s: still importing
     return [*probes,
-            Probe("concurrency", "a second demo in a running demo's folder", demo, run=second_chain(demo, demo, 8)),
-            Probe("concurrency", "a second batch in a running batch's folder", batch, run=second_chain(batch, batch, 10)),
+            Probe("concurrency", "a second demo in a running demo's folder", demo, run=second_chain(demo, demo, 60)),
+            Probe("concurrency", "a second batch in a running batch's folder", batch, run=second_chain(batch, batch, 60)),
             Probe("concurrency", "warm-start store: 8 writers x 6 keys, 5 trials", run=store_writers, expect="ok"),
             Probe("concurrency", "warm-start store: 8 generate -k auto at once", run=store_generate, expect="ok"),
             Probe("concurrency", "warm-start store with a malformed entry", run=store_malformed, expect="ok")]

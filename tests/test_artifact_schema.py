@@ -107,3 +107,11 @@ def test_score_names_a_prediction_with_no_depth(tmp_path):
                                                             str(meas), "--out", str(tmp_path / "s.json")])
     line = _line(result)
     assert f"{pred}: depths is empty" in line and "moespec predict" in line, line
+
+
+def test_a_step_time_that_is_not_positive_is_named():
+    from moespec.artifact_schema import POS
+
+    assert problems({"V": {"dedup": [1e-3, 2e-3]}}, {"V": {EVERY: [POS]}}) == []
+    assert problems({"V": {"dedup": [-1.0]}}, {"V": {EVERY: [POS]}}) == ["V.dedup[0] holds -1.0, not a positive number"]
+    assert problems({"V": {"dedup": [float("inf")]}}, {"V": {EVERY: [POS]}}) == ["V.dedup[0] holds inf, not a positive number"]

@@ -7,19 +7,21 @@ held and what it should hold, and how to make it again. Every field the schema n
 where it is present; the top-level fields a reader `needs` must be there, with every field the
 schema names inside them. A schema lists only what readers use; other fields may come and go.
 
-A schema is a small tree: a type (NUM, INT, STR, BOOL, DICT, LIST), `Optional(t)` (None allowed),
+A schema is a small tree: a type (NUM, POS, INT, STR, BOOL, DICT, LIST), `Optional(t)` (None allowed),
 `[t]` (a list whose every element is t), `NonEmpty([t])` (the same, holding at least one),
 `{"name": t, ...}` (a record that must hold these names) and `{EVERY: t}` (a mapping whose every value is t, keyed by layer, kernel, n or version).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 EVERY = "*"
 NUM, INT, STR, BOOL, DICT, LIST = "number", "integer", "string", "true/false", "mapping", "list"
+POS = "positive number"  # a time: finite and > 0
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ SCHEMAS: dict[str, Any] = {
     },
     "predict": {
         "depths": NonEmpty([{"depth": INT, "versions": {EVERY: {
-            "n": [INT], "V": BY_KERNEL, "acceptance": NUMS, "k_star": {EVERY: [INT]}, "speedup": BY_KERNEL,
+            "n": [INT], "V": {EVERY: [POS]}, "acceptance": NUMS, "k_star": {EVERY: [INT]}, "speedup": BY_KERNEL,
             "a0": {EVERY: NUM}, "step_points": BY_KERNEL}}}]),
     },
     "score": {
@@ -70,6 +72,8 @@ class ArtifactFieldError(ValueError):
 def _is(value: Any, kind: str) -> bool:
     if kind == NUM:
         return isinstance(value, (int, float)) and not isinstance(value, bool)  # NaN too: an empty cell's figure
+    if kind == POS:
+        return _is(value, NUM) and math.isfinite(value) and value > 0
     if kind == INT:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, {STR: str, BOOL: bool, DICT: dict, LIST: list}[kind])
