@@ -50,10 +50,14 @@ def test_exact_holds_on_smollm2s_q4_1_with_prompt_lookup(smollm2_gguf):
     request = "Repeat this list exactly: apples, pears, plums, figs, dates, limes, kiwis, grapes."
     prompt = tok.apply_chat_template([{"role": "user", "content": request}])
     plain = generate(target, prompt, k=0, max_new_tokens=NEW, eos_token_id=tok.eos_token_id).tokens
+    accepted = {}
     for k in (2, 6, "auto"):
         out = generate(target, prompt, draft=PromptLookup(3), k=k, max_new_tokens=NEW, eos_token_id=tok.eos_token_id)
         assert out.tokens == plain, k
-    assert out.stats.accepted > 0  # lookup copies the list: some drafts are accepted
+        accepted[k] = out.stats.accepted
+    # lookup copies the list: at a fixed k some drafts are accepted. "auto" is left out of this
+    # check: on a loaded machine its policy may rightly judge that drafting does not pay and stop.
+    assert accepted[2] > 0 and accepted[6] > 0, accepted
 
 
 def test_mixed_pairs_torch_draft_for_llama_target_and_the_reverse(gguf_files):
