@@ -21,7 +21,7 @@ def test_batch_chain_writes_every_artifact_resumes_and_its_steps_run_alone(tmp_p
     model = str(gguf_files["olmoe-q8_0"])
     args = ["batch", "--model", model, "--batch-sizes", "1,2", "--max-k", "2", "-a", "0.5", "-a", "0.9",
             "--prompt-tokens", "16", "--max-new-tokens", "8", "--reps", "1", "--threads", "1", "--trace-tokens", "768",
-            "--out-dir", str(tmp_path)]
+            "--smoke", "--out-dir", str(tmp_path)]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     score = _payload(tmp_path / "batch-score.json")

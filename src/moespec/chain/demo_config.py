@@ -14,6 +14,9 @@ from moespec.run_files import LLAMA_FOLDER
 # a smoke run's cache flush between timings: it checks the plumbing, not the figures, and the full
 # flush (twice the LLC, >= 256 MiB: `bench.timing.CacheFlusher`) took most of a smoke characterization
 SMOKE_FLUSH_BYTES = 16 << 20
+# the batch chain's characterization at smoke settings (`moespec batch --smoke`, the demo's smoke run):
+# one layer, n = 1..3 besides the pass sizes B(k + 1), a small flush
+SMOKE_BATCH_CHARACTERIZE = dict(n=(1, 2, 3), layers=(0,), reps=3, u_points=2, windows=2, flush_bytes=SMOKE_FLUSH_BYTES)
 # new tokens per prompt, the shipped prompts' length (None: the chain's depth, so that the candidates
 # decode where the verify passes were timed), sampling (greedy by default), draw seed, timings of h(k)
 # per k, and held-out repetitions per k (`chain.candidate_steps`)
@@ -100,8 +103,7 @@ class DemoConfig:
                     measure=dict(depths=(16,), ns=range(1, 4), reps=6, ks=(0, 1, 2), new_tokens=6, scaling_ns=(),
                                  flush=False),
                     batch=dict(sizes=(1, 2), max_k=2, acceptances=(0.5, 0.9), prompt_tokens=16, new_tokens=8, reps=1,
-                               trace_tokens=512, characterize=dict(n=(1, 2, 3), layers=(0,), reps=3, u_points=2,
-                                                                   windows=2, flush_bytes=SMOKE_FLUSH_BYTES)),
+                               trace_tokens=512, characterize=SMOKE_BATCH_CHARACTERIZE),
                     candidate=dict(CANDIDATE_KNOBS, new_tokens=8, prompt_tokens=24, cost_reps=3, check_reps=1))
         return cls(**{**tiny, **overrides})
 

@@ -73,16 +73,20 @@ def batch_command(
                                  help="where the artifacts go"),
     restart: bool = typer.Option(False, "--restart/--no-restart", help="set earlier artifacts of --out-dir aside "
                                  "and start over"),
+    smoke: bool = typer.Option(False, "--smoke", help="characterize one layer, few repetitions, a small cache "
+                               "flush: seconds, to check the run, not its figures"),
 ) -> None:
     """k̂*(a, B) on a GGUF file: routing, characterization to n = B(k+1), the batch measurement, V̂_B, the score."""
     from moespec.chain.batch_chain import FIGURE, MEASUREMENT, PREDICTION, SCORE, BatchKnobs, run_batch_chain
+    from moespec.chain.demo_config import SMOKE_BATCH_CHARACTERIZE
     from moespec.report.batch import goal_lines
 
     model = gguf_only(model)
     try:
         knobs = BatchKnobs(sizes=tuple(parse_sizes(batch_sizes)), max_k=max_k, acceptances=tuple(
             float(a) for a in parse_acceptances(acceptance or list(DEFAULT_ACCEPTANCES))), prompt_tokens=prompt_tokens,
-            new_tokens=max_new_tokens, reps=reps, trace_tokens=trace_tokens, threads=threads)
+            new_tokens=max_new_tokens, reps=reps, trace_tokens=trace_tokens, threads=threads,
+            **({"characterize": dict(SMOKE_BATCH_CHARACTERIZE)} if smoke else {}))
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="'--max-new-tokens'") from e
     check_batch_trace(knobs)
