@@ -97,7 +97,7 @@ def test_the_chain_runs_on_the_file_at_smoke_settings(converted, arch, tmp_path)
     path = converted[arch]["q8_0"]
     result = run_demo(tmp_path, config=DemoConfig.smoke(model=str(path), backend="llama.cpp", threads=1),
                       progress=False, echo=lambda _: None)
-    assert result.ran == ("trace", "characterize", "measure-base", "predict", "measure-sweep", "score", "batch-trace",
+    assert result.ran == ("trace", "trace-verified", "characterize", "measure-base", "predict", "measure-sweep", "score", "batch-trace",
                           "batch-characterize", "batch-measure", "batch-predict", "batch-score")
     trace = RoutingTrace.load(tmp_path / "traces.parquet")
     lay = gguf_info.layout(path)

@@ -18,7 +18,7 @@ from tests.conftest import require_llama
 pytestmark = pytest.mark.xdist_group("llama_chain")
 
 BATCH_STEPS = ("batch-trace", "batch-characterize", "batch-measure", "batch-predict", "batch-score")
-LLAMA_STEPS = ("export", "trace", "characterize", "measure-base", "predict", "measure-sweep", "score", *BATCH_STEPS)
+LLAMA_STEPS = ("export", "trace", "trace-verified", "characterize", "measure-base", "predict", "measure-sweep", "score", *BATCH_STEPS)
 OPENED: dict = {}  # the most llama.cpp instances of one file open at once during the llama.cpp chain, and after it
 
 
@@ -101,6 +101,13 @@ def test_the_characterization_times_both_reads_through_ggml(chains):
     b = gguf_info.expert_bytes(gguf)[0]
     assert {p["b"] for p in char["points"]} == {b}
     assert all(p["timing"]["median"] > 0 for p in char["points"])
+    # the verify passes' own windows (llama.cpp's routing of the greedy continuation) are timed too, and
+    # the measured-time version reads them rather than the corpus's (cost-model paper, Sec. 4)
+    verified = RoutingTrace.load(out / "llama.cpp" / "verified.parquet")
+    assert verified.model_fingerprint == gguf_info.fingerprint(gguf)
+    assert {"recorded", "verified"} <= {p["source"] for p in char["points"]}
+    pred = _payload(out / "llama.cpp", "prediction.json", "predict")["depths"][0]
+    assert pred["measured_time_windows"] == "verified"
 
 
 def _union(doc: np.ndarray, n: int, layer: int) -> list[int]:

@@ -117,18 +117,23 @@ def torch_steps(config: DemoConfig, out: Path, progress: bool) -> list[Step]:
 
 
 def llama_steps(config: DemoConfig, target: Target, out: Path, progress: bool) -> list[Step]:
-    """The chain's first steps on llama.cpp: the routing llama.cpp computes for the file, the
-    characterization of ggml's expert operation on the file's tensors (each opens the file itself)."""
-    from moespec.chain.llama_inputs import record_gguf_routing
+    """The chain's first steps on llama.cpp: the routing llama.cpp computes for the file and for the
+    text its verify passes verify, the characterization of ggml's expert operation on the file's
+    tensors at both (each opens the file itself; the measured-time version reads the verified windows'
+    times, llama.cpp's pass having no split at its experts to time them between passes)."""
+    from moespec.chain.llama_inputs import record_gguf_routing, record_gguf_verified
 
-    p = out.joinpath
+    p, m = out.joinpath, measure_config(config)
     return [
         Step("trace", p(TRACES), record_gguf_routing, dict(gguf=target.gguf, out=p(TRACES), tokens=config.trace_tokens,
                                                            threads=config.threads), model=OWN),
+        Step("trace-verified", p(VERIFIED), record_gguf_verified, dict(
+            gguf=target.gguf, out=p(VERIFIED), depths=m.depths, prompts=m.prompts, n_max=max(m.ns),
+            length=verified_length(config), threads=config.threads), model=OWN),
         Step("characterize", p(CHARACTERIZATION), work.characterize_model, dict(
-            model=str(target.gguf), traces=p(TRACES), verified=None, path=p(CHARACTERIZATION),
+            model=str(target.gguf), traces=p(TRACES), verified=p(VERIFIED), path=p(CHARACTERIZATION),
             knobs=_characterize_knobs(config), seed=config.seed, spec=None, progress=progress),
-             reads=(p(TRACES),), model=OWN)]
+             reads=(p(TRACES), p(VERIFIED)), model=OWN)]
 
 
 def _op_layers(config: DemoConfig, verified: Path) -> tuple[int, ...]:
@@ -204,11 +209,10 @@ def _check_model(config: DemoConfig, target: Target, out: Path, held: Held) -> N
 def _steps(config: DemoConfig, target: Target, runner: Runner, progress: bool) -> None:
     """Every step after the model's inputs, in order (each list reads what the one before wrote)."""
     out, echo = runner.out, runner.echo
-    if not config.llama:
-        short = work.verified_too_short(out / VERIFIED, verified_length(config))
-        if short:  # more verify repetitions read further into the continuation; its first rows stay the same
-            echo(f"[trace-verified] {VERIFIED} {short}; recording it again")
-            drop(out, (VERIFIED,))
+    short = work.verified_too_short(out / VERIFIED, verified_length(config))
+    if short:  # more verify repetitions read further into the continuation; its first rows stay the same
+        echo(f"[trace-verified] {VERIFIED} {short}; recording it again")
+        drop(out, (VERIFIED,))
     runner.run(llama_steps(config, target, out, progress) if config.llama else torch_steps(config, out, progress))
     runner.run(measure_steps(config, target, out, progress, echo))
     if config.llama:  # the chain at batch size B (report: Figure 7, the schedule)

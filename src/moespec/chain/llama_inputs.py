@@ -93,6 +93,30 @@ def record_gguf_routing(gguf: str | Path, out: str | Path, *, texts: Sequence[tu
     return len(docs), total
 
 
+def record_gguf_verified(gguf: str | Path, out: str | Path, *, depths: Sequence[int], prompts: int, n_max: int,
+                         length: int, threads: int | None = None) -> RoutingTrace:
+    """The routing of the text a llama.cpp chain's verify passes verify (`bench.verify.verified_routing`:
+    the file's greedy continuation of each prompt cut to each depth), as llama.cpp routes it, written
+    to `out`. The measured-time version times the expert operation on these windows: a random-weight
+    file's greedy text often loops, and its windows then reach fewer experts than the corpus's."""
+    from moespec.bench.verify import verified_routing
+    from moespec.models import load
+
+    net, tok = load(str(gguf), backend="llama.cpp", threads=threads)
+
+    def record(docs, chunk, corpus):
+        net.close()  # the continuations are decoded: one instance of the file open at a time
+        return gguf_routing(gguf, docs, threads=threads, chunk=chunk, corpus=corpus)
+
+    try:
+        trace = verified_routing(net, tok, depths=depths, prompts=prompts, n_max=n_max, length=length,
+                                 model_spec=str(gguf), record=record)
+    finally:
+        net.close()
+    trace.save(out)
+    return trace
+
+
 def gguf_routing(gguf: str | Path, documents: Sequence[tuple[str, Sequence[int]]], *, threads: int | None = None,
                  chunk: int = DEFAULT_CHUNK, corpus: Sequence[str] = ()) -> RoutingTrace:
     """An in-memory RoutingTrace of token-id documents [(doc id, ids)] as llama.cpp routes them in

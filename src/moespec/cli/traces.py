@@ -140,23 +140,20 @@ def trace_verified(
     from moespec.models import load
 
     length = continuation_length(reps, n_max, stride)
-    record = None
-    if _on_llama(model, backend, {"--routing": routing, "--dtype": dtype != "float32"}):
-        from moespec.chain.llama_inputs import gguf_routing
-        from moespec.models import gguf
-
-        path = gguf.resolve(model)
-        net, tok = load(model, backend="llama.cpp", threads=threads)
-        record = lambda docs, chunk, corpus: gguf_routing(path, docs, threads=threads, chunk=chunk,  # noqa: E731
-                                                          corpus=corpus)
-    else:
-        net, tok = load(model, dtype=dtype, seed=seed, routing=routing, backend="torch")
     try:
-        trace = verified_routing(net, tok, depths=depth or (512,), prompts=prompts, n_max=n_max, length=length,
-                                 model_spec=model, record=record)
+        if _on_llama(model, backend, {"--routing": routing, "--dtype": dtype != "float32"}):
+            from moespec.chain.llama_inputs import record_gguf_verified
+            from moespec.models import gguf
+
+            trace = record_gguf_verified(gguf.resolve(model), out, depths=depth or (512,), prompts=prompts,
+                                         n_max=n_max, length=length, threads=threads)
+        else:
+            net, tok = load(model, dtype=dtype, seed=seed, routing=routing, backend="torch")
+            trace = verified_routing(net, tok, depths=depth or (512,), prompts=prompts, n_max=n_max, length=length,
+                                     model_spec=model)
+            trace.save(out)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
-    trace.save(out)
     cli_console().print(f"wrote {out}: {len(trace.documents)} continuations of {length} tokens "
                         f"({', '.join(trace.doc_ids)})")
 
