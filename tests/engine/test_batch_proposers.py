@@ -100,6 +100,36 @@ def test_a_batch_draft_proposes_k_tokens_per_live_sequence_and_rolls_back_on_com
     assert model.held[0] == [7, 8, 9, 10] and model.held[1] == []
 
 
+def test_a_batch_draft_clears_and_fills_at_its_first_draft_and_prices_its_catch_up_by_its_fills(monkeypatch):
+    """A call that never drafts neither clears nor fills the draft; the first draft clears the earlier
+    call's sequences and feeds the context; catch_up_s is the tokens still to feed times the median
+    seconds per fed token of the model's fills (0 before any), on a fake clock: 0.5 s per pass token."""
+    import moespec.engine.batch_proposers as module
+
+    now = [0.0]
+    monkeypatch.setattr(module.time, "perf_counter", lambda: now[0])
+    model = CountingBatch(1)
+    fed = model.extend_parts
+
+    def timed(parts):
+        now[0] += 0.5 * sum(len(ids) for _, ids in parts)
+        return fed(parts)
+
+    model.extend_parts = timed
+    model.held[0] = [5, 5, 5]  # an earlier call's sequence
+    draft, ctx = BatchDraft(model), torch.tensor([1, 2, 3, 4, 5, 6, 7])
+    draft.begin([ctx], [SlotView(model, 0)], 8, [greedy()])
+    assert model.held[0] == [5, 5, 5]  # untouched until a round drafts
+    assert draft.catch_up_s([(0, 0, ctx)]) == 0.0  # no fill of this model timed yet
+    draft.propose([(0, 0, ctx)], 1, {0: greedy()})
+    assert model.held[0][:7] == ctx.tolist()  # cleared, then the context (its last token fed by the draft pass)
+    assert draft.filled_s == 0.5 * 6  # the six tokens before the last, one pass
+    draft.commit(0, 0, 7)
+    longer = torch.arange(1, 12)  # four tokens committed while no round drafted: 11 - 1 - 7 = 3 to fill
+    assert draft.catch_up_s([(0, 0, longer)]) == 0.5 * 3
+    assert draft.catch_up_s([(0, 0, longer[:8])]) == 0.0  # within a round's catch-up: the draft pass feeds it
+
+
 def test_per_sequence_proposes_with_each_sequences_own_proposer():
     model = CountingBatch(2)
     lookup = batch_proposer(PromptLookup(n=1), 2)

@@ -254,3 +254,31 @@ def test_on_llama_cpp_the_store_keys_each_live_count_and_the_tokens_stay_plain(g
     assert all(e["key"]["target"]["gguf"].endswith("olmoe-q8_0.gguf") and e["key"]["proposer"] == "BatchDraft"
                and e["key"]["draft"]["gguf"].endswith("draft-q8_0.gguf") for e in entries)
     assert outs[1][0].batch.policy["warm_start"]["2"]["source"] == "store"
+
+
+def test_a_probe_is_priced_with_the_drafts_catch_up_once_its_fill_rate_is_known(store, pair, monkeypatch):
+    """B = 1, a store whose acceptance (0.05) says drafting does not pay, a 300-token prompt, a draft
+    whose pass costs 0.01 s per token (its fill of the prompt: about 3 s, 2.4 plain rounds of 1.25 s
+    each). Not yet knowing the draft's fill rate, the call probes within its 40 tokens (the doubling
+    wait, the probe's loss V(1) - E(1) V(0) about 0.2 s); once a fill was timed, the probe's cost
+    holds the catch-up and is due after about 86 plain rounds: the call drafts no round."""
+    import moespec.engine.batch_proposers as proposers
+
+    monkeypatch.setattr(proposers, "time", batch_module.time)  # the fills on the same fake clock
+    clock = batch_module.time
+    target = TimedCounting(1, clock, lambda n: 1 + n / 4, "target")
+    draft = TimedCounting(1, clock, lambda n: 0.01 * n, "draft per token")
+    prompt = [i % 60 for i in range(300)]
+    store_sizes(target, draft, [1], 0.01, (0.05,) * MAX_K)
+
+    def call():
+        return generate_batch(target, [prompt], draft=draft, k="auto", max_k=MAX_K, max_new_tokens=40)[0]
+
+    first = call()
+    assert any(first.batch.k_per_round), first.batch.k_per_round  # probed: its fill is timed now
+    store_sizes(target, draft, [1], 0.01, (0.05,) * MAX_K)  # the same store again (the probe wrote into it)
+    second = call()
+    assert set(second.batch.k_per_round) == {0}, second.batch.k_per_round
+    assert second.tokens == first.tokens == [(59 + 1 + i) % V for i in range(40)]  # plain decoding's
+    proposers._fill_rates.clear()  # the same store, the fill rate forgotten: the probe is back
+    assert any(call().batch.k_per_round)

@@ -320,3 +320,20 @@ def test_probes_of_costly_drafts_lose_at_most_their_share_of_plain_time():
     loss = sum(V[k] - G(k) * V[0] for k in chosen if k)
     assert best_draft_length(V, F(7, 10)) == 0 and sum(k > 0 for k in chosen) >= 3
     assert loss <= 0.03 * V[0] * chosen.count(0), (loss, chosen.count(0))  # PROBE_SHARE, documented as 3%
+
+
+def test_a_probes_cost_holds_the_proposers_catch_up():
+    """Plain decoding best (V(1) = 1.5 V(0), acceptance 0.25 at every position): the probe of k = 1 is
+    due after max(4, (V(1) - E(1) V(0) + C) / (0.03 V(0))) plain rounds, E(1) = 1.25: 8.33 rounds with
+    no catch-up (C = 0), 41.67 with a catch-up of one plain round (C = V(0))."""
+    V = [1.0, 1.5, 2.5, 3.5]
+    for catch_up, due in ((0.0, 9), (1.0, 42)):
+        policy = AutoK(3, V=V)
+        policy.set_acceptance([0.25] * 3)
+        policy.catch_up_s = catch_up
+        assert policy.plain_run() == due
+        chosen = []
+        for _ in range(due + 1):
+            chosen.append(policy.choose())
+            policy.update(drafted=chosen[-1], accepted=0, tested=min(chosen[-1], 1), seconds=None)
+        assert chosen == [0] * due + [1], (catch_up, chosen)

@@ -181,6 +181,8 @@ def _decode_batch(model: BatchModel, proposer: BatchProposer | None, policies: _
     ks, lives, round_s, pass_s = [], [], [], []
     while live:
         policy = policies.at(len(live))
+        if proposer is not None:  # a probe's cost includes the draft's catch-up (`policy.AutoK`)
+            policy.catch_up_s = proposer.catch_up_s([(s.i, s.slot, s.seq[: s.length]) for s in live])
         plain = _plain_run(model, policy, live, max_new_tokens)
         if plain:
             for step_s in _plain_rounds(model, policy, live, plain, eos, limit, max_new_tokens, clock):
@@ -199,9 +201,11 @@ def _decode_batch(model: BatchModel, proposer: BatchProposer | None, policies: _
         lives.append(len(live))
         round_s.append(now - t0)
         pass_s.append(rounds[0].verify_s)
+        filled = proposer.filled_s if proposer is not None and k else 0.0  # priced apart: not a drafting step
         for n, (s, r) in enumerate(zip(live, rounds)):
             s.log.add(r, now)
-            policy.update(drafted=r.drafted, accepted=r.accepted, tested=r.tested, seconds=r.seconds if n == 0 else None)
+            policy.update(drafted=r.drafted, accepted=r.accepted, tested=r.tested,
+                          seconds=r.seconds - filled if n == 0 else None)
             if r.eos or s.new_tokens >= max_new_tokens:
                 s.stop = "eos" if r.eos else "max_new_tokens"
         live = _compact(model, proposer, live)

@@ -7,7 +7,11 @@ view of the target, `SlotView`).
 
 from __future__ import annotations
 
+import time
+import weakref
+from collections import deque
 from collections.abc import Mapping, Sequence
+from statistics import median
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -44,6 +48,15 @@ class BatchProposer(Protocol):
     def identity(self) -> dict | None:
         """What sets its drafts and their cost, as `Proposer.identity` (the warm start's store key);
         None: no key, k="auto" decodes cold."""
+
+    def catch_up_s(self, live: Sequence[Live]) -> float:
+        """The seconds its next draft must first spend feeding what it has not seen (a draft model's
+        prefill, or the tokens decoded while no round drafted): part of a probe's cost; 0 when none
+        or not yet known."""
+
+    @property
+    def filled_s(self) -> float:
+        """The seconds of that catch-up in its last `propose` (0 when none): not a drafting step's time."""
 
 
 def prefill_slot(model: BatchModel, slot: int, prompt: torch.Tensor) -> None:
@@ -86,6 +99,8 @@ class SlotView(GreedyByLogits):
 
 
 CATCH_UP = 2  # tokens a round's first draft pass feeds: the last draft of a round that accepted all, and the bonus
+FILL_WINDOW = 5  # fills whose seconds per token give a draft model's fill rate (their median)
+_fill_rates: "weakref.WeakKeyDictionary[BatchModel, deque[float]]" = weakref.WeakKeyDictionary()
 
 
 class BatchDraft:
@@ -94,6 +109,8 @@ class BatchDraft:
 
     def __init__(self, model: BatchModel):
         self.model = model
+        self.stale = True  # the model's caches hold an earlier call's sequences until the first fill
+        self.filled_s = 0.0
 
     @property
     def vocab_limit(self) -> int:
@@ -101,19 +118,40 @@ class BatchDraft:
 
     def begin(self, prompts: Sequence[torch.Tensor], views: Sequence[SlotView], max_new_tokens: int,
               samplers: Sequence[Sampler]) -> None:
-        """Empty slots: a sequence's context goes into the draft at its first drafting round
-        (`fill`), so a call whose rounds never draft (k="auto" where drafting does not pay) never
-        prefills the draft (at B = 8 that was 5% of a 64-token call)."""
-        self.model.reset()
+        """Nothing yet: the draft's caches are cleared and a sequence's context goes into them at its
+        first drafting round (`fill`), so a call whose rounds never draft (k="auto" where drafting
+        does not pay) neither clears nor prefills the draft (at B = 8 the prefill was 5% of a
+        64-token call)."""
+        self.stale = True
+
+    def _lag(self, slot: int, ctx: torch.Tensor) -> int:
+        """Tokens of ctx that `fill` feeds into slot: 0 within a round's catch-up."""
+        behind = ctx.shape[0] - 1 - (0 if self.stale else self.model.seq_length(slot))
+        return behind if behind + 1 > CATCH_UP else 0
+
+    def catch_up_s(self, live: Sequence[Live]) -> float:
+        """Tokens to fill times the model's seconds per filled token, the median of its last fills in
+        this process (0 before its first)."""
+        rates = _fill_rates.get(self.model)
+        return median(rates) * sum(self._lag(slot, ctx) for _, slot, ctx in live) if rates else 0.0
 
     def fill(self, live: Sequence[Live]) -> None:
         """Where a live sequence's slot lacks more than a round's catch-up (the last draft and the bonus
         token, which the first draft pass feeds), every committed token but the last, in passes of the
-        model's batch: the prefill, or the tokens decoded while no round drafted."""
+        model's batch: the prefill, or the tokens decoded while no round drafted. Timed (`filled_s`,
+        and the model's fill rate that `catch_up_s` prices)."""
+        t0, fed = time.perf_counter(), 0
+        if self.stale:
+            self.model.reset()
+            self.stale = False
         for _, slot, ctx in live:
             have = self.model.seq_length(slot)
             if ctx.shape[0] - have > CATCH_UP:
                 prefill_slot(self.model, slot, ctx[have:])
+                fed += ctx.shape[0] - 1 - have
+        self.filled_s = time.perf_counter() - t0 if fed else 0.0
+        if fed:
+            _fill_rates.setdefault(self.model, deque(maxlen=FILL_WINDOW)).append(self.filled_s / fed)
 
     def propose(self, live: Sequence[Live], k: int, samplers: Mapping[int, Sampler]) -> dict[int, Proposal]:
         """{i: up to k drafts} for live [(i, slot, committed tokens)]: k passes of one token per sequence
@@ -146,7 +184,8 @@ class BatchDraft:
         self.model.truncate_seq(slot, keep)
 
     def move(self, src: int, dst: int) -> None:
-        self.model.move(src, dst)
+        if not self.stale:  # a stale cache is cleared at the first fill
+            self.model.move(src, dst)
 
     def identity(self) -> dict | None:
         """Its model's identity (`SpecModel.identity`); None when the model states none."""
@@ -173,8 +212,13 @@ class PerSequence:
         for p, prompt, view, sampler in zip(self.proposers, prompts, views, samplers):
             p.begin(target=view, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler)
 
+    filled_s = 0.0  # its proposers read the committed text as it is: no catch-up
+
     def propose(self, live: Sequence[Live], k: int, samplers: Mapping[int, Sampler]) -> dict[int, Proposal]:
         return {i: self.proposers[i].propose(ctx, k) if k else Proposal(ctx[:0]) for i, _, ctx in live}
+
+    def catch_up_s(self, live: Sequence[Live]) -> float:
+        return 0.0
 
     def commit(self, i: int, slot: int, keep: int) -> None:
         self.proposers[i].commit(keep)

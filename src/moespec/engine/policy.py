@@ -37,9 +37,12 @@ AutoK's estimates and rules (every rule is deterministic, so a run can be repeat
   plain round, a choice k >= 1 gives way to one plain round: V(0) is the bar "never slower than
   plain" compares against. While the choice is 0, a probe round drafts the best k >= 1 after
   `probe` (4) plain rounds, then after 8, 16, ... up to `refresh` as probes keep failing, and never
-  sooner than its expected loss V(k) - E(k) V(0) is PROBE_SHARE (3%) of the plain rounds' time before
+  sooner than its expected loss V(k) - E(k) V(0) + C is PROBE_SHARE (3%) of the plain rounds' time before
   it (a probe of a long draft where a two-token pass costs several one-token passes waits hundreds of
-  rounds: benchmarks/llama_cpp_auto.py), unless no k
+  rounds: benchmarks/llama_cpp_auto.py), C the seconds the proposer must first spend catching up
+  (`catch_up_s`, set by the decode loop: a draft model's prefill of the prompt and of the tokens
+  decoded since it last drafted, which no V(k) holds; at B = 1 on the trained pair it was 7-9 plain
+  rounds), unless no k
   would pay even were every draft accepted ((k + 1) V(0) <= V(k) for every k): acceptance
   is only seen by drafting and a k's time only by timing it, the text may have become easier, and a
   slow first timing must not lock drafting out for long.
@@ -136,6 +139,8 @@ class Policy(Protocol):
 class FixedK:
     """Every round drafts k tokens (0 = plain decoding)."""
 
+    catch_up_s = 0.0  # set by the decode loop as on AutoK; a fixed k never probes, so never reads it
+
     def __init__(self, k: int):
         self.k = self.max_k = k
 
@@ -199,6 +204,7 @@ class AutoK:
         self.timed = [0] * (max_k + 1)  # [max_k + 1] timed rounds per k
         self.V = self._step_times()  # [max_k + 1] estimated V(k), None until the opening is done
         self.since_plain = self.since_draft = 0
+        self.catch_up_s = 0.0  # the proposer's catch-up before its next draft (the decode loop sets it)
 
     def choose(self) -> int:
         """The draft length of the next round, from the estimates alone."""
@@ -216,15 +222,15 @@ class AutoK:
 
     def _probe_wait(self, V: list, k: int) -> float:
         """Plain rounds before a probe of k while plain decoding is the choice: the doubling wait, and
-        as many rounds as keep the probe's expected loss, V(k) - E(k) V(0), within PROBE_SHARE of
-        their time; never (inf) when no k would pay were every draft accepted."""
+        as many rounds as keep the probe's expected loss, V(k) - E(k) V(0) + catch_up_s, within
+        PROBE_SHARE of their time; never (inf) when no k would pay were every draft accepted."""
         if all((j + 1) * V[0] <= V[j] for j in range(1, len(V))):
             return math.inf
         E, p = 1.0, 1.0
         for i in range(1, k + 1):
             p *= self.alpha[i]
             E += p
-        return max(self._wait, (V[k] - E * V[0]) / (PROBE_SHARE * V[0]))
+        return max(self._wait, (V[k] - E * V[0] + self.catch_up_s) / (PROBE_SHARE * V[0]))
 
     def _ranked(self, V: list) -> tuple[int, int]:
         """(the maximizer of E(k)/V(k) over 0..max_k, the maximizer over 1..max_k), the smallest on ties."""
