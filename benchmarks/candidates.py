@@ -12,11 +12,18 @@ emitted settings, its defaults and every n-max, `--llama-check`), the score agai
 (k̂* within one, throughput lost at k̂* <= 3%, predicted speedup within 5%, the named best within
 2% of the measured best), and the chain's wall time. Run it on a quiet machine: the check is timed.
 
+  olmoe-real  the OLMoE-1B-7B-shaped q4_k file of `benchmarks/olmoe_real_size.py` (run that first: its
+              demo folder is copied and its steps reused) with a small random draft of the same
+              vocabulary (a 2-layer Llama, hidden 256, SmolLM2's tokenizer padded to 50304 by llama.cpp's
+              converter, q8_0): its acceptance is near zero, so the right answer is "decode plainly",
+              and plain decoding must measure fastest. Four of the shipped chat prompts (two calibrate,
+              two check), since each fixed k of the check decodes at real size (~0.1-0.4 s a token).
+
 Not here, and why: SmolLM2 with its distilled draft is a dense model, and the demo's chain predicts
-τ̂(n) from the expert operation of a MoE model; the OLMoE-1B-7B-shaped file needs a small draft with
-its padded SmolLM2 vocabulary, which moespec does not build yet.
+τ̂(n) from the expert operation of a MoE model.
 
     python benchmarks/candidates.py --out benchmarks/results/candidates/candidates.json [--pairs trained]
+    python benchmarks/candidates.py --out benchmarks/results/candidates/olmoe-real.json --pairs olmoe-real
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-PAIRS = ("trained", "converted")
+PAIRS = ("trained", "converted", "olmoe-real")
+REAL = Path.home() / ".cache" / "moespec" / "olmoe-1b-7b"  # benchmarks/olmoe_real_size.py's work folder
 
 
 def trained_pair(work: Path) -> tuple[Path, list[str]]:
@@ -50,14 +58,63 @@ def converted_pair(work: Path) -> tuple[Path, list[str]]:
     return Path(files["qwen3moe"]["q8_0"]), ["--prompt-lookup", "3", "--ngram", "ngram-mod:3"]
 
 
+def small_draft(out: Path) -> None:
+    """A 2-layer Llama of hidden 256 with the OLMoE-shaped file's vocabulary (SmolLM2's tokenizer padded
+    to 50304), random weights (seed 0), through llama.cpp's converter to q8_0."""
+    import tempfile
+
+    import torch
+    import transformers
+
+    from moespec.models import gguf
+    from moespec.models.llama_convert import convert
+
+    tok = gguf.tokenizer(gguf.SMOLLM2)
+    config = transformers.LlamaConfig(vocab_size=50304, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
+                                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as folder:
+        transformers.LlamaForCausalLM(config).save_pretrained(folder)
+        tok.save_pretrained(folder)
+        convert(folder, out, "q8_0")
+
+
+def olmoe_real_pair(work: Path) -> tuple[Path, list[str]]:
+    """The real-size file with the small draft and four shipped chat prompts (module docstring)."""
+    from moespec import texts
+
+    target = REAL / "olmoe-1b-7b-shaped-q4_k.gguf"
+    if not target.exists():
+        raise SystemExit(f"{target} is missing: run benchmarks/olmoe_real_size.py first")
+    draft, prompts = work / "olmoe-vocab-draft-q8_0.gguf", work / "olmoe-real-prompts.jsonl"
+    if not draft.exists():
+        small_draft(draft)
+    chats = [texts.chat_prompts(kind)[i] for kind in texts.CHAT_KINDS for i in range(2)]
+    prompts.write_text("".join(json.dumps([{"role": "user", "content": c}]) + "\n" for c in chats))
+    return target, ["--draft", str(draft), "--prompts", str(prompts)]
+
+
+PAIR_MAKERS = {"trained": trained_pair, "converted": converted_pair, "olmoe-real": olmoe_real_pair}
+
+
 def run_pair(name: str, work: Path, threads: int) -> dict:
-    """`moespec demo` with the pair's candidates from nothing: wall time and the candidates' score."""
+    """`moespec demo` with the pair's candidates from nothing (the real-size pair: on a copy of its demo
+    folder, the chain's steps reused): wall time and the candidates' score."""
+    import shutil
+
     from moespec import artifacts
 
-    target, flags = (trained_pair if name == "trained" else converted_pair)(work)
+    target, flags = PAIR_MAKERS[name](work)
     out = work / f"demo-{name}"
+    fresh = ["--restart"]
+    if name == "olmoe-real":
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(REAL / "demo", out, ignore=shutil.ignore_patterns("candidate*", "prompts.json"))
+        fresh = []
     cmd = [sys.executable, "-m", "moespec.cli.main", "demo", "--model", str(target), *flags, "--llama-check",
-           "--threads", str(threads), "--out-dir", str(out), "--restart"]
+           "--threads", str(threads), "--out-dir", str(out), *fresh]
     print("+", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
     done = subprocess.run(cmd)
