@@ -259,3 +259,17 @@ def test_every_step_records_its_peak_memory_anonymous_and_file_backed_apart(chai
     for name, kind in (("measurement.json", "measure"), ("batch-measurement.json", "batch-measure")):
         assert artifacts.load(folder / name, kind)["memory"]["anon_bytes"] > 0
     assert "peak resident memory" in result.summary
+
+
+def test_the_verified_routing_reaches_past_the_files_trained_context(gguf_files, tmp_path):
+    """At d = 4096 the continuation runs past the exported file's 4096 trained positions: the
+    recording sizes llama.cpp's context to the deepest continuation (a d = 4096 chain needs it)."""
+    from tests.conftest import require_llama
+
+    require_llama()
+    from moespec.chain.llama_inputs import record_gguf_verified
+
+    f = gguf_files["olmoe-q8_0"]
+    trace = record_gguf_verified(f, tmp_path / "v.parquet", depths=(4096,), prompts=1, n_max=2, length=5, threads=1)
+    assert trace.doc_ids == ("d4096/p0",) and [d.shape[0] for d in trace.documents] == [5]
+    assert RoutingTrace.load(tmp_path / "v.parquet").model_fingerprint == gguf_info.fingerprint(f)

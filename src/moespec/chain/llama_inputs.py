@@ -102,7 +102,8 @@ def record_gguf_verified(gguf: str | Path, out: str | Path, *, depths: Sequence[
     from moespec.bench.verify import verified_routing
     from moespec.models import load
 
-    net, tok = load(str(gguf), backend="llama.cpp", threads=threads)
+    # the context the deepest continuation reaches (the file's trained context may be shorter)
+    net, tok = load(str(gguf), backend="llama.cpp", threads=threads, n_ctx=max(depths) + length + 1)
 
     def record(docs, chunk, corpus):
         net.close()  # the continuations are decoded: one instance of the file open at a time
