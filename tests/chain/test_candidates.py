@@ -1,6 +1,7 @@
 """The candidate chain (issue 50): candidates and their calibration on tiny synthetic models, the
 prediction and the answer by hand, the held-out check on a fake clock, the score by hand."""
 
+from dataclasses import replace
 from fractions import Fraction as F
 
 import pytest
@@ -76,6 +77,24 @@ def test_prompt_lookup_on_repetitive_text_and_a_draft_model(olmoe):
     draft = calibrate(target, tok, Candidate("draft", draft="synthetic:dense-tiny"), prompts, kmax=2,
                       new_tokens=12, cost_reps=2)
     assert draft.measured.acceptance.at_risk[0] > 0 and all(h > 0 for h in draft.cost.plain[1:])
+    # a draft model's confidence: one (top-token probability, was it the target's token) per new token
+    probability, accepted = draft.confidence
+    assert len(probability) == len(accepted) == 2 * 12 and all(0 < q <= 1 for q in probability)
+    assert look.confidence is None  # a lookup has no probabilities
+    assert CandidateCalibration.from_dict(draft.to_dict()).confidence == draft.confidence
+
+
+def test_a_draft_judged_against_itself_is_accepted_at_every_position(olmoe):
+    """draft_confidence with the target as its own draft: each greedy continuation token is the
+    draft's top token, so every position counts as accepted."""
+    from moespec.bench.candidate import draft_confidence
+    from moespec.engine.decode import generate
+
+    target, tok = olmoe
+    prompt = tok.encode("def f(x):\n    return")
+    out = generate(target, prompt, k=0, max_new_tokens=10).tokens
+    probability, accepted = draft_confidence(target, [(prompt, out)])
+    assert len(probability) == 10 and all(accepted)
 
 
 def payload(taus, h=None):
@@ -116,6 +135,22 @@ def test_predict_candidate_by_hand():
     with pytest.raises(ValueError, match="reach n = 2"):  # kmax = 2 needs tau at n = 3
         predict_candidate(payload([1, 1.25]), calibration(Candidate("oracle", acceptance=0.5), (8, 4), (4, 1),
                                                           (0, 0, 0), (0, 0, 0)))
+
+
+def test_p_min_is_read_through_the_drafts_measured_confidence():
+    """The by-hand pair above (floor p-min 21/64) with a confidence of 40 positions: drafts of top-token
+    probability 0.05..0.09 were never the target's, 0.1 and up always: the fit steps from 0 to 1 at
+    0.1, so llama.cpp's p-min is 0.1, not 21/64 (an underconfident draft); with too few positions the
+    floor stays."""
+    base = draft_prediction()
+    cal = calibration(Candidate("draft", draft="d.gguf"), (8, 4), (4, 1), (0, 1 / 8, 1 / 4), (0, 1 / 4, 3 / 8))
+    q = [0.05, 0.06, 0.07, 0.08, 0.09] * 2 + [0.1 + 0.02 * i for i in range(30)]
+    hit = [False] * 10 + [True] * 30
+    p = predict_candidate(payload([1, 1.25, 1.5]), replace(cal, confidence=(tuple(q), tuple(hit))))
+    assert p.answer.p_min == 0.1 and p.answer.k_star == base.answer.k_star
+    assert p.settings["llama.cpp"]["fragment"].endswith("--spec-draft-p-min 0.1")
+    few = predict_candidate(payload([1, 1.25, 1.5]), replace(cal, confidence=(tuple(q[:20]), tuple(hit[:20]))))
+    assert few.answer.p_min == 21 / 64
 
 
 def ngram_prediction(candidate):

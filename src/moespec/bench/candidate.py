@@ -171,9 +171,11 @@ class CandidateAcceptance:
 
 def measure_acceptance(target, proposer: Proposer, prompts: Sequence[Sequence[int]], *, kmax: int,
                        max_new_tokens: int = 64, temperature: float = 0.0, top_p: float | None = None,
-                       seed: int = 0, eos_token_id=None, vocab_limit: int | None = None) -> CandidateAcceptance:
+                       seed: int = 0, eos_token_id=None, vocab_limit: int | None = None,
+                       texts: list | None = None) -> CandidateAcceptance:
     """The proposer's acceptance by position at draft length kmax on `prompts` ([P_i] ids each), from
-    untimed `generate` calls (greedy by default; temperature/top-p otherwise, prompt i seeded seed + i)."""
+    untimed `generate` calls (greedy by default; temperature/top-p otherwise, prompt i seeded seed + i).
+    texts: a list that receives (prompt, its continuation) per prompt (`draft_confidence` reads them)."""
     if kmax < 1:
         raise ValueError(f"kmax = {kmax}: the acceptance by position needs a draft length >= 1")
     if not prompts:
@@ -183,12 +185,38 @@ def measure_acceptance(target, proposer: Proposer, prompts: Sequence[Sequence[in
         out = generate(target, prompt, draft=proposer, k=kmax, max_new_tokens=max_new_tokens, temperature=temperature,
                        top_p=top_p, seed=seed + i, eos_token_id=eos_token_id, vocab_limit=vocab_limit)
         s = out.stats
+        if texts is not None:
+            texts.append((list(prompt), list(out.tokens)))
         parts.append(PositionalAcceptance(*counts_from_rounds(s.tokens_per_round, s.k_per_round,
                                                               max_new_tokens=max_new_tokens, kmax=kmax)))
         new_tokens += s.new_tokens
     return CandidateAcceptance(candidate=proposer.identity() or {"proposer": type(proposer).__name__},
                                acceptance=pooled(parts), prompts=len(prompts), new_tokens=new_tokens,
                                max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+
+
+def draft_confidence(draft, texts: Sequence[tuple[Sequence[int], Sequence[int]]],
+                     vocab_limit: int | None = None) -> tuple[list[float], list[bool]]:
+    """For every token of each greedy continuation in `texts` [(prompt, continuation)]: the draft
+    model's top-token probability given the text before it, and whether its top token is that token
+    (where a verify pass tests a greedy draft token, the text before it is committed, and the draft is
+    accepted exactly then). One teacher-forced pass of the draft per text; `costmodel.confidence`
+    turns the pairs into llama.cpp's p-min."""
+    from moespec.backends.protocol import as_spec_model
+
+    draft = as_spec_model(draft)
+    probability, accepted = [], []
+    for prompt, continuation in texts:
+        if not continuation:
+            continue
+        ids = [*prompt, *continuation]
+        draft.reset()
+        rows = draft.extend(torch.tensor(ids[:-1]), outputs=len(continuation))[:, :vocab_limit]
+        top = torch.softmax(rows.float(), dim=-1).max(dim=-1)
+        probability += top.values.tolist()
+        accepted += (top.indices == torch.tensor(continuation)).tolist()
+    draft.reset()
+    return probability, accepted
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 from moespec.chain.candidates import DRAFT, LOOKUP, NGRAM_MOD, NGRAM_SIMPLE, Candidate, CandidateCalibration
 from moespec.chain.prediction import KIND, payload_of
 from moespec.bench.candidate import expected_draft_cost
+from moespec.costmodel.confidence import calibrated_p_min
 from moespec.costmodel.positional import PLAINLY, SPECULATE, PositionalAnswer, answer, draft_step_times, plain
 from moespec.costmodel.predict import preferred_version
 from moespec.costmodel.settings import (
@@ -156,7 +157,9 @@ class CandidatePrediction:
 
 def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, version: str = "calibrated",
                       kernel: str = COST_AUTO, depth: int | None = None, overhead: bool = True) -> CandidatePrediction:
-    """k̂*, the speedup with its band, n-min, p-min and the settings for one calibrated candidate.
+    """k̂*, the speedup with its band, n-min, p-min and the settings for one calibrated candidate
+    (p-min: the floor min_i c_i / V̂(0) as a draft probability, through the draft's measured
+    confidence where its calibration has it, `costmodel.confidence`).
 
     V̂(k) = τ̂(k+1) + ĥ(k): τ̂ from the prediction (`prediction_tau`), ĥ(k) the calibration's draft
     cost weighted by the chance a round at k accepted all (`bench.candidate.expected_draft_cost`),
@@ -171,6 +174,9 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
     if got.delta >= 1:
         ans = replace(ans, speedup_low=0.0, speedup_high=math.inf)
     ans = restricted(ans, calibration.candidate.min_k)
+    if calibration.confidence is not None and ans.k_star:  # the floor read through the draft's calibration
+        p_min = calibrated_p_min(*calibration.confidence, float(ans.p_min))
+        ans = ans if p_min is None else replace(ans, p_min=p_min)
     return CandidatePrediction(calibration.candidate, got.version, kernel, got.depth, tuple(got.tau), tuple(h), ans,
                                candidate_settings(calibration.candidate, ans))
 

@@ -19,6 +19,7 @@ from moespec.bench.candidate import (
     CandidateAcceptance,
     DraftCost,
     check_vocabulary,
+    draft_confidence,
     encode_prompts,
     measure_acceptance,
     measure_draft_cost,
@@ -167,24 +168,32 @@ def prompt_ids(tokenizer, prompts: Sequence) -> list[list[int]]:
 @dataclass(frozen=True)
 class CandidateCalibration:
     """What the calibration half gave for one candidate: its acceptance by position at kmax and its
-    own cost h(k), k = 0..kmax."""
+    own cost h(k), k = 0..kmax; for a draft model under greedy decoding, its confidence: per token of
+    the target's continuations, the draft's top-token probability and whether it was the target's
+    (`bench.candidate.draft_confidence`, which sets llama.cpp's p-min: `costmodel.confidence`)."""
 
     candidate: Candidate
     measured: CandidateAcceptance
     cost: DraftCost
+    confidence: tuple[tuple[float, ...], tuple[bool, ...]] | None = None
 
     @property
     def kmax(self) -> int:
         return self.cost.kmax
 
     def to_dict(self) -> dict:
-        return {"candidate": self.candidate.to_dict(), "measured": self.measured.to_dict(),
-                "cost": self.cost.to_dict(), "half": "calibration"}
+        d = {"candidate": self.candidate.to_dict(), "measured": self.measured.to_dict(),
+             "cost": self.cost.to_dict(), "half": "calibration"}
+        if self.confidence is not None:
+            d["confidence"] = {"probability": list(self.confidence[0]), "accepted": list(self.confidence[1])}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "CandidateCalibration":
+        c = d.get("confidence")
         return cls(Candidate.from_dict(d["candidate"]), CandidateAcceptance.from_dict(d["measured"]),
-                   DraftCost.from_dict(d["cost"]))
+                   DraftCost.from_dict(d["cost"]),
+                   None if c is None else (tuple(c["probability"]), tuple(c["accepted"])))
 
 
 def calibrate(target, tokenizer, candidate: Candidate | LoadedCandidate, prompts: Sequence, *, kmax: int,
@@ -197,14 +206,19 @@ def calibrate(target, tokenizer, candidate: Candidate | LoadedCandidate, prompts
     loaded = load_candidate(candidate, tokenizer=tokenizer, load=load)
     ids = prompt_ids(tokenizer, prompts)
     limit = vocab_limit(tokenizer)
+    texts = [] if loaded.candidate.kind == DRAFT and temperature == 0 else None
     measured = measure_acceptance(target, loaded.proposer(kmax), ids, kmax=kmax, max_new_tokens=new_tokens,
-                                  temperature=temperature, top_p=top_p, seed=seed, vocab_limit=limit)
+                                  temperature=temperature, top_p=top_p, seed=seed, vocab_limit=limit, texts=texts)
+    confidence = None
+    if texts is not None:
+        probability, accepted = draft_confidence(loaded.model, texts, vocab_limit=limit)
+        confidence = (tuple(round(q, 6) for q in probability), tuple(accepted))
     spec, timed = as_spec_model(target), loaded.proposer(kmax)
     if loaded.candidate.kind == ORACLE:
         timed = RewoundOracle(timed)
     cost = measure_draft_cost(timed, target=spec, context=ids[0], kmax=kmax, reps=cost_reps,
                               temperature=temperature, vocab_limit=limit)
-    return CandidateCalibration(loaded.candidate, measured, cost)
+    return CandidateCalibration(loaded.candidate, measured, cost, confidence)
 
 
 def parse_ngram(text: str) -> Candidate:
