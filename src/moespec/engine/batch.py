@@ -88,6 +88,11 @@ class _Policies:
         return self.by_size[B]
 
     @property
+    def auto(self) -> bool:
+        """One AutoK per live count (k="auto"), which probes drafting while plain decoding is its choice."""
+        return self._shared is None
+
+    @property
     def max_draft(self) -> int:
         return (self._shared or make_policy("auto", self.max_k)).max_k
 
@@ -181,7 +186,7 @@ def _decode_batch(model: BatchModel, proposer: BatchProposer | None, policies: _
     ks, lives, round_s, pass_s = [], [], [], []
     while live:
         policy = policies.at(len(live))
-        if proposer is not None:  # a probe's cost includes the draft's catch-up (`policy.AutoK`)
+        if proposer is not None and policies.auto:  # a probe's cost includes the draft's catch-up (`AutoK`)
             policy.catch_up_s = proposer.catch_up_s([(s.i, s.slot, s.seq[: s.length]) for s in live])
         plain = _plain_run(model, policy, live, max_new_tokens)
         if plain:

@@ -145,10 +145,10 @@ class BatchDraft:
             self.model.reset()
             self.stale = False
         for _, slot, ctx in live:
-            have = self.model.seq_length(slot)
-            if ctx.shape[0] - have > CATCH_UP:
-                prefill_slot(self.model, slot, ctx[have:])
-                fed += ctx.shape[0] - 1 - have
+            lag = self._lag(slot, ctx)
+            if lag:
+                prefill_slot(self.model, slot, ctx[-(lag + 1):])
+                fed += lag
         self.filled_s = time.perf_counter() - t0 if fed else 0.0
         if fed:
             _fill_rates.setdefault(self.model, deque(maxlen=FILL_WINDOW)).append(self.filled_s / fed)
@@ -199,6 +199,8 @@ class PerSequence:
     """One `Proposer` per sequence (prompt lookup, the oracle given its reference), each proposing for
     its own sequence on its own slot's view of the target."""
 
+    filled_s = 0.0  # its proposers read the committed text as it is: no catch-up
+
     def __init__(self, proposers: Sequence[Proposer]):
         self.proposers = list(proposers)
 
@@ -211,8 +213,6 @@ class PerSequence:
               samplers: Sequence[Sampler]) -> None:
         for p, prompt, view, sampler in zip(self.proposers, prompts, views, samplers):
             p.begin(target=view, prompt=prompt, max_new_tokens=max_new_tokens, sampler=sampler)
-
-    filled_s = 0.0  # its proposers read the committed text as it is: no catch-up
 
     def propose(self, live: Sequence[Live], k: int, samplers: Mapping[int, Sampler]) -> dict[int, Proposal]:
         return {i: self.proposers[i].propose(ctx, k) if k else Proposal(ctx[:0]) for i, _, ctx in live}

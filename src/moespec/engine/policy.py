@@ -139,8 +139,6 @@ class Policy(Protocol):
 class FixedK:
     """Every round drafts k tokens (0 = plain decoding)."""
 
-    catch_up_s = 0.0  # set by the decode loop as on AutoK; a fixed k never probes, so never reads it
-
     def __init__(self, k: int):
         self.k = self.max_k = k
 
