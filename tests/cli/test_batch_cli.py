@@ -83,3 +83,24 @@ def test_batch_refuses_what_it_cannot_run(tmp_path):
     assert r.exit_code != 0 and "not a .gguf file" in r.output
     r = runner.invoke(app, ["measure", "--model", "synthetic:olmoe-tiny", "--batch-sizes", "1,2"])
     assert r.exit_code != 0 and "not a .gguf file" in r.output
+
+
+def test_a_characterization_timed_at_other_settings_is_not_reused(tmp_path):
+    """A batch characterization is reused only when it reaches the largest pass and was timed with
+    this run's repetitions, U points, windows and flush: a `--smoke` one is not taken by a full run."""
+    from moespec import artifacts
+    from moespec.chain.batch_chain import BatchKnobs, characterization_stale
+    from moespec.chain.demo_config import SMOKE_BATCH_CHARACTERIZE, SMOKE_FLUSH_BYTES
+    from moespec.run_files import BATCH_CHARACTERIZATION, KINDS
+
+    path = tmp_path / BATCH_CHARACTERIZATION
+    assert characterization_stale(path, 9, {}) == ""  # none yet: nothing to redo
+    smoke = {"reps": 3, "u_points": 2, "windows": 2, "flush_bytes": SMOKE_FLUSH_BYTES}
+    artifacts.write(path, KINDS[BATCH_CHARACTERIZATION], {"n": [1, 2, 3, 4, 6], "settings": smoke})
+    timing = {k: v for k, v in SMOKE_BATCH_CHARACTERIZE.items() if k != "n"}
+    assert characterization_stale(path, 6, timing) == ""  # the smoke run again: reused
+    assert characterization_stale(path, 9, timing) == "stops short of n = 9"
+    full = {k: v for k, v in BatchKnobs().characterize.items() if k != "n"}
+    assert "u_points 2, this run 3" in characterization_stale(path, 6, full)
+    artifacts.write(path, KINDS[BATCH_CHARACTERIZATION], {"n": [1, 2, 3, 4, 6], "settings": {**smoke, "u_points": 3}})
+    assert "flush_bytes" in characterization_stale(path, 6, full)  # the same counts, but the smoke's small flush

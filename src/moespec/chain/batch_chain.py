@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from moespec import artifacts
+from moespec.chain.demo_config import SMOKE_FLUSH_BYTES
 from moespec.chain.run_folder import OWN, Step, drop, set_partial, settings_changed
 from moespec.run_files import BATCH_CHARACTERIZATION as CHARACTERIZATION
 from moespec.run_files import BATCH_MEASUREMENT as MEASUREMENT
@@ -72,9 +73,9 @@ def batch_steps(gguf: str | Path, out: Path, knobs: BatchKnobs, *, progress: boo
     p = out.joinpath
     timing = dict(knobs.characterize)
     ns = sorted(set(timing.pop("n", range(1, 10))) | set(pass_sizes(knobs.sizes, knobs.max_k)))
-    if p(CHARACTERIZATION).exists() and max(artifacts.load(p(CHARACTERIZATION), KINDS[CHARACTERIZATION])
-                                            ["payload"]["n"]) < ns[-1]:
-        echo(f"[batch-characterize] {CHARACTERIZATION} stops short of n = {ns[-1]}; characterizing again")
+    stale = characterization_stale(p(CHARACTERIZATION), ns[-1], timing)
+    if stale:
+        echo(f"[batch-characterize] {CHARACTERIZATION} {stale}; characterizing again")
         drop(out, (CHARACTERIZATION, CHARACTERIZATION + ".points.jsonl", PREDICTION, SCORE))
     _drop_stale_measurement(out, knobs, echo)
     return [
@@ -92,6 +93,22 @@ def batch_steps(gguf: str | Path, out: Path, knobs: BatchKnobs, *, progress: boo
         Step("batch-score", p(SCORE), score, dict(prediction=p(PREDICTION), measurement=p(MEASUREMENT), out=p(SCORE),
                                                   figure=p(FIGURE)), reads=(p(PREDICTION), p(MEASUREMENT))),
     ]
+
+
+def characterization_stale(path: Path, n_max: int, timing: dict) -> str:
+    """"" when the characterization at `path` is absent or serves this run: it reaches n_max and was
+    timed with `timing`'s repetitions, U points, windows and flush (a `--smoke` one is not reused by
+    a full run, nor the reverse); else why not."""
+    if not path.exists():
+        return ""
+    old = artifacts.load(path, KINDS[CHARACTERIZATION])["payload"]
+    if max(old["n"]) < n_max:
+        return f"stops short of n = {n_max}"
+    want = {k: timing[k] for k in ("reps", "u_points", "windows", "flush_bytes") if k in timing}
+    if "flush_bytes" not in timing and old["settings"].get("flush_bytes") == SMOKE_FLUSH_BYTES:
+        want["flush_bytes"] = "the full flush"
+    changed = settings_changed(old.get("settings", {}), want, missing_differs=True)
+    return f"was timed with {changed}" if changed else ""
 
 
 def _drop_stale_measurement(out: Path, knobs: BatchKnobs, echo: Callable[[str], None]) -> None:
