@@ -30,6 +30,36 @@ def test_a_path_to_the_file_loads_the_same_weights_as_the_name(smollm2):
     assert torch.allclose(a, b, rtol=2**-8, atol=0)
 
 
+def test_the_second_load_reads_the_kept_copy_and_gets_the_same_model(tmp_path, monkeypatch):
+    """The first load of a GGUF file keeps its float32 weights and tokenizer under the cache folder
+    (keyed by the file's fingerprint); the next load reads them back: the same weights bit for bit,
+    the same logits, the same tokens and chat text, without transformers' GGUF reader."""
+    from transformers import modeling_gguf_pytorch_utils as reader
+
+    monkeypatch.setenv("MOESPEC_CACHE", str(tmp_path))
+    gguf._tokenizer.cache_clear()
+    try:
+        first, tok1 = gguf.load_gguf(gguf.SMOLLM2)
+        kept = gguf.dequantized_copy(gguf.smollm2_path())
+        assert kept.parent.parent == tmp_path and (kept / gguf.WEIGHTS_DONE).is_file()
+        assert (kept / gguf.TOKENIZER_DONE).is_file()
+        gguf._tokenizer.cache_clear()
+        with monkeypatch.context() as m:  # the GGUF file is not parsed again (~20 s for SmolLM2 here)
+            m.setattr(reader, "load_gguf_checkpoint", lambda *a, **k: pytest.fail("the GGUF file was read again"))
+            second, tok2 = gguf.load_gguf(gguf.SMOLLM2)
+    finally:
+        gguf._tokenizer.cache_clear()
+    a, b = first.state_dict(), second.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    text = "def add(a, b):\n    return a + b\n  héllo <|im_start|> world"
+    assert tok1.encode(text) == tok2.encode(text) and tok1.eos_token_id == tok2.eos_token_id
+    chat = [{"role": "user", "content": "Say hi."}]
+    assert tok1.apply_chat_template(chat, tokenize=False) == tok2.apply_chat_template(chat, tokenize=False)
+    ids = torch.tensor([tok1.encode("The capital of France is")])
+    assert torch.equal(first(ids).logits, second(ids).logits)
+    assert second.name_or_path == gguf.SMOLLM2
+
+
 def test_without_the_package_the_error_says_how_to_install_it(monkeypatch):
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
