@@ -44,6 +44,7 @@ SCHEMAS: dict[str, Any] = {
         "eps": {EVERY: NUM}, "r": {EVERY: NUM}, "u_bar": {EVERY: NUM}, "crossover": Optional(INT),
         "beta": {EVERY: {EVERY: {"median": NUM}}},
     },
+    "characterize-dense": {"n": [INT], "dense": {"median": {EVERY: POS}}, "rest": {"median": {EVERY: {EVERY: POS}}}},
     "measure": {
         "config": DICT, "h": {EVERY: {EVERY: NUM}},
         "verify": [{"depth": INT, "ns": [INT], "tau": {EVERY: {EVERY: NUM}}}],
@@ -61,7 +62,7 @@ SCHEMAS: dict[str, Any] = {
     },
 }
 # how each kind is made again, for the message's fix
-MAKERS = {"characterize": "moespec characterize", "measure": "moespec measure", "predict": "moespec predict",
+MAKERS = {"characterize": "moespec characterize", "characterize-dense": "moespec demo --model FILE.gguf", "measure": "moespec measure", "predict": "moespec predict",
           "score": "moespec score"}
 
 

@@ -12,6 +12,7 @@ TRACES = "traces.parquet"
 TRAINED_ROUTING = "trained-routing.parquet"  # `--routing trained`: what trained:olmoe chose on the corpus
 VERIFIED = "verified.parquet"
 CHARACTERIZATION = "characterization.json"
+DENSE_CHARACTERIZATION = "dense-characterization.json"  # a dense file's D(n) and R_d(n) (`chain.dense_chain`)
 MEASUREMENT_BASE = "measurement-base.json"
 MEASUREMENT = "measurement.json"
 POINTS = "measurement.points.jsonl"  # the point log that both measure phases share
@@ -44,7 +45,7 @@ LLAMA_FOLDER = "llama.cpp"  # where `moespec demo --backend llama.cpp` runs, ins
 PARTIAL = ".partial"  # a half-written artifact, resumed by the step that writes it
 OLD = ".old"  # an artifact set aside by a restart
 
-KINDS = {CHARACTERIZATION: "characterize", MEASUREMENT_BASE: "measure", MEASUREMENT: "measure",
+KINDS = {CHARACTERIZATION: "characterize", DENSE_CHARACTERIZATION: "characterize-dense", MEASUREMENT_BASE: "measure", MEASUREMENT: "measure",
          PREDICTION: "predict", SCORE: "score", BATCH_CHARACTERIZATION: "characterize",
          BATCH_MEASUREMENT: "batch-measure", BATCH_PREDICTION: "batch-predict", BATCH_SCORE: "batch-score",
          MEMORY: "memory", PROMPTS: "prompts", CANDIDATES: "candidates", CANDIDATES_SCORE: "candidates-score",

@@ -129,7 +129,7 @@ def characterize(model: Any, traces: str | Path | RoutingTrace, *, layers: Seque
                            warmup=warmup, flush=flusher, log=log, seed=seed, progress=progress)
     payload = summarize(records, trace, layer_ids, n_values)
     if target.get("experts") == "llama.cpp":  # a GGUF file: what grows with n outside its experts, for g(n)
-        payload.update(_gguf_outside(label, n_values, depths, target["options"]["threads"], warmup=warmup,
+        payload.update(gguf_outside(label, n_values, depths, target["options"]["threads"], warmup=warmup,
                                      flush=flusher, seed=seed))
     payload.update(
         model=label,
@@ -259,7 +259,7 @@ def _depths(depths: Sequence[int]) -> list[int]:
     return found
 
 
-def _gguf_outside(path: str, ns: Sequence[int], depths: Sequence[int], threads: int, **timing) -> dict:
+def gguf_outside(path: str, ns: Sequence[int], depths: Sequence[int], threads: int, **timing) -> dict:
     """{"dense": `dense_times`, "rest": `ggml_rest_op.rest_times` at `depths` (left out without
     depths)} of a GGUF file, then the file's mapped pages let go."""
     from moespec.bench.ggml_rest_op import rest_times

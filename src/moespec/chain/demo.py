@@ -19,8 +19,9 @@ from moespec.chain.demo_config import (DemoConfig, demo_setup, llama_context, me
                                        verified_length)
 from moespec.chain.run_folder import (HELD, OWN, Held, Runner, Step, check_folder, drop, holding, move_aside,
                                       run_folder_files, settings_changed)
-from moespec.run_files import (ANSWER, CHARACTERIZATION, KINDS, MEASUREMENT, MEASUREMENT_BASE, POINTS, PREDICTION,
-                               REPORT, SCORE, SUMMARY, TRACES, TRAINED_ROUTING, VERIFIED)
+from moespec.run_files import (ANSWER, CHARACTERIZATION, DENSE_CHARACTERIZATION, KINDS, MEASUREMENT,
+                               MEASUREMENT_BASE, POINTS, PREDICTION, REPORT, SCORE, SUMMARY, TRACES, TRAINED_ROUTING,
+                               VERIFIED)
 
 __all__ = ["DemoConfig", "DemoResult", "Target", "demo_setup", "resolve_target", "run_demo"]
 
@@ -49,16 +50,18 @@ class Target:
     spec: str
     gguf: Path | None = None
     exported: bool = False
+    dense: bool = False  # a GGUF file without routed experts (`chain.dense_chain`)
 
 
 def resolve_target(config: DemoConfig, out: Path) -> Target:
     """What `config.model` is and where it runs, for the run folder `out`."""
     from moespec.models.gguf import is_gguf, resolve
+    from moespec.models.gguf_info import is_dense
 
     if not config.llama:
         return Target(config.model)
     if is_gguf(config.model):
-        return Target(config.model, resolve(config.model))
+        return Target(config.model, resolve(config.model), dense=is_dense(resolve(config.model)))
     name = f"{config.model.replace(':', '-').replace('/', '-')}-{config.gguf_type}.gguf"
     return Target(config.model, out / name, exported=True)
 
@@ -174,9 +177,7 @@ def measure_steps(config: DemoConfig, target: Target, out: Path, progress: bool,
     if changed:  # measured with other knobs: measure again (runs whose keys match are read back from the log)
         echo(f"[measure-sweep] {MEASUREMENT} was measured with {changed}; measuring the sweep again")
         drop(out, (MEASUREMENT, SCORE))
-    phase = dict(spec=str(target.gguf) if target.gguf else config.model, points=p(POINTS), full=config.full,
-                 layers=config.layers, verified=p(VERIFIED) if op_layers else None, backend=config.backend,
-                 progress=progress, knobs=phase_knobs(config, False, op_layers))
+    phase = _phase(config, target, out, progress, op_layers)
     firsts = (p(CHARACTERIZATION), p(TRACES))
     return [
         Step("measure-base", p(MEASUREMENT_BASE), work.measure_phase, dict(phase, path=p(MEASUREMENT_BASE), base=True),
@@ -189,6 +190,35 @@ def measure_steps(config: DemoConfig, target: Target, out: Path, progress: bool,
         Step("score", p(SCORE), work.score, dict(path=p(SCORE), prediction=p(PREDICTION), measurement=p(MEASUREMENT),
                                                  characterization=firsts[0], measurement_base=p(MEASUREMENT_BASE)),
              reads=(p(PREDICTION), p(MEASUREMENT)))]
+
+
+def _phase(config: DemoConfig, target: Target, out: Path, progress: bool, op_layers: tuple[int, ...]) -> dict:
+    """The arguments both measure phases share (`demo_steps.measure_phase`), the path and phase apart."""
+    return dict(spec=str(target.gguf) if target.gguf else config.model, points=out / POINTS, full=config.full,
+                layers=config.layers, verified=out / VERIFIED if op_layers else None, backend=config.backend,
+                progress=progress, knobs=phase_knobs(config, False, op_layers))
+
+
+def dense_steps(config: DemoConfig, target: Target, out: Path, progress: bool, echo: Callable[[str], None]) -> list[Step]:
+    """The chain on a dense GGUF file (`chain.dense_chain`): the base measurement, the file's products
+    and the rest of its pass timed alone, the prediction from both."""
+    from moespec.chain.dense_chain import characterize_dense, predict_dense
+
+    p, m = out.joinpath, measure_config(config)
+    changed = knobs_changed(config, p(MEASUREMENT_BASE), base=True)
+    if changed:
+        echo(f"[measure-base] {MEASUREMENT_BASE} was measured with {changed}; measuring it again and predicting again")
+        drop(out, (MEASUREMENT_BASE, PREDICTION))
+    return [
+        Step("measure-base", p(MEASUREMENT_BASE), work.measure_phase,
+             dict(_phase(config, target, out, progress, ()), path=p(MEASUREMENT_BASE), base=True), model=HELD),
+        Step("characterize-dense", p(DENSE_CHARACTERIZATION), characterize_dense, dict(
+            gguf=target.gguf, path=p(DENSE_CHARACTERIZATION), ns=_characterize_knobs(config)["n"], depths=m.depths,
+            threads=config.threads, reps=config.dense_reps,
+            flush_bytes=config.characterize.get("flush_bytes"), seed=config.seed), model=OWN),
+        Step("predict", p(PREDICTION), predict_dense, dict(
+            path=p(PREDICTION), characterization=p(DENSE_CHARACTERIZATION), measurement_base=p(MEASUREMENT_BASE)),
+             reads=(p(DENSE_CHARACTERIZATION), p(MEASUREMENT_BASE)))]
 
 
 def _check_model(config: DemoConfig, target: Target, out: Path, held: Held) -> None:
@@ -213,9 +243,12 @@ def _steps(config: DemoConfig, target: Target, runner: Runner, progress: bool) -
     if short:  # more verify repetitions read further into the continuation; its first rows stay the same
         echo(f"[trace-verified] {VERIFIED} {short}; recording it again")
         drop(out, (VERIFIED,))
-    runner.run(llama_steps(config, target, out, progress) if config.llama else torch_steps(config, out, progress))
-    runner.run(measure_steps(config, target, out, progress, echo))
-    if config.llama:  # the chain at batch size B (report: Figure 7, the schedule)
+    if target.dense:  # no experts: no routing, no oracle sweep or batch chain scoring an MoE cost model
+        runner.run(dense_steps(config, target, out, progress, echo))
+    else:
+        runner.run(llama_steps(config, target, out, progress) if config.llama else torch_steps(config, out, progress))
+        runner.run(measure_steps(config, target, out, progress, echo))
+    if config.llama and not target.dense:  # the chain at batch size B (report: Figure 7, the schedule)
         from moespec.chain.batch_chain import BatchKnobs, batch_steps
 
         knobs = BatchKnobs(**{**config.batch, "threads": config.threads})
@@ -226,7 +259,7 @@ def _steps(config: DemoConfig, target: Target, runner: Runner, progress: bool) -
         runner.run(candidate_steps(out, config.candidates, config.candidate_knobs(), source=config.prompts,
                                    target_file=str(target.gguf) if target.gguf else None,
                                    threads=config.threads, context=llama_context(config) if config.llama else None,
-                                   llama=config.llama, batch=config.llama, echo=echo,
+                                   llama=config.llama, batch=config.llama and not target.dense, echo=echo,
                                    llama_check=config.llama_check))
 
 

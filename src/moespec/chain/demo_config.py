@@ -61,6 +61,7 @@ class DemoConfig:
     prompts: str | None = None
     candidate: dict = field(default_factory=lambda: dict(CANDIDATE_KNOBS))
     llama_check: bool = False  # then llama.cpp's own speculative decoding of the held-out half
+    dense_reps: int = 15  # a dense file's D(n) and R_d(n): timed rounds (`chain.dense_chain`), as an MoE file's
 
     def __post_init__(self):
         if self.trace_tokens < 16:
@@ -104,7 +105,8 @@ class DemoConfig:
                                  flush=False),
                     batch=dict(sizes=(1, 2), max_k=2, acceptances=(0.5, 0.9), prompt_tokens=16, new_tokens=8, reps=1,
                                trace_tokens=512, characterize=SMOKE_BATCH_CHARACTERIZE),
-                    candidate=dict(CANDIDATE_KNOBS, new_tokens=8, prompt_tokens=24, cost_reps=3, check_reps=1))
+                    candidate=dict(CANDIDATE_KNOBS, new_tokens=8, prompt_tokens=24, cost_reps=3, check_reps=1),
+                    dense_reps=3)
         return cls(**{**tiny, **overrides})
 
     def to_dict(self) -> dict[str, Any]:

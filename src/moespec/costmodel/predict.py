@@ -291,12 +291,30 @@ def predict(
         passes (`_calibrate`); required by, and only by, the calibrated version.
     delta: δ of (20)–(21); default ε/(1−ε) from (C.7).
     """
+    return _from_operation_times(_operation_times(t_slot, t_dedup), tau1=tau1, h=h, eps=eps, version=version,
+                                 outside=outside, delta=delta, acceptance=acceptance)
+
+
+def predict_without_experts(*, n_max: int, tau1: float, h: Sequence[float], version: str = "prediction",
+                            outside: Mapping[Any, float] | None = None,
+                            acceptance: Sequence[float] = ACCEPTANCE_GRID) -> Prediction:
+    """(22) for a model with no MoE layer (a dense model): its sum over layers is empty, so τ̂(n) =
+    τ_meas(1) at every n = 1..n_max, and the calibrated version's g(n) holds the whole growth. Both
+    kernels are the same pass; with no expert fit ε = 0, and the saving is 0."""
+    none = {n: np.zeros(0) for n in range(1, int(n_max) + 1)}
+    return _from_operation_times({COST_SLOT: none, COST_DEDUP: dict(none)}, tau1=tau1, h=h, eps=0.0,
+                                 version=version, outside=outside, delta=None, acceptance=acceptance)
+
+
+def _from_operation_times(t_bar: dict[str, dict[int, np.ndarray]], *, tau1: float, h: Sequence[float], eps: float,
+                          version: str, outside: Mapping[Any, float] | None, delta: float | None,
+                          acceptance: Sequence[float]) -> Prediction:
+    """`predict` from the checked operation times t̄_p,l(n) (`_operation_times`)."""
     _check_version(version, outside)
     eps, delta = _eps_delta(eps, delta)
     tau1 = float(tau1)
     if not (math.isfinite(tau1) and tau1 > 0):
         raise ValueError(f"tau1={tau1} must be a positive time in seconds")
-    t_bar = _operation_times(t_slot, t_dedup)
     ns = list(t_bar[COST_SLOT])
     n_max = ns[-1]
     h = _check_h(h, n_max)
@@ -311,7 +329,8 @@ def predict(
         version=version, n=ns, tau1=tau1, tau=tau, M=M, S=S,
         S_lo=[lo for lo, _ in band], S_hi=[hi for _, hi in band],
         # (19) with equal fixed work: ū/r = M̂ᵉ_dedup / M̂ᵉ_slot
-        sign_certain=[n >= 2 and eps < 1 and faster_kernel_certain(M[COST_DEDUP][i] / M[COST_SLOT][i], 1.0, eps)
+        sign_certain=[n >= 2 and eps < 1 and M[COST_SLOT][i] > 0  # no expert operation (a dense model): no sign
+                      and faster_kernel_certain(M[COST_DEDUP][i] / M[COST_SLOT][i], 1.0, eps)
                       for i, n in enumerate(ns)],
         eps=eps, crossover=crossover(ns, S), h=h, V=V, acceptance=[float(a) for a in acceptance],
         k_star={p: stairs[p]["k_star"] for p in KERNELS},

@@ -180,6 +180,11 @@ def layout(path: str | Path) -> MoELayout:
         groups_used=_int(path, f"{arch}.expert_group_used_count", 1) or 1, weight_type=weight_type(path))
 
 
+def is_dense(path: str | Path) -> bool:
+    """True for a language model file without routed experts (no blk.N.ffn_*_exps tensor)."""
+    return not any(EXPERT_TENSOR.fullmatch(name) for name in tensors(Path(path).expanduser()))
+
+
 def moe_shape(path: str | Path) -> dict[str, int | None]:
     """{"num_experts": N, "top_k": m, "num_layers": L (MoE layers)}; every value None for a dense file."""
     try:

@@ -23,7 +23,7 @@ from moespec.report.summary import LOSS_GOAL, TAU_GOAL, goals, sweep_acceptance_
 
 def _engine(run: dict[str, Any]) -> tuple[str, str, Any]:
     """(engine, its kernel's name in the prediction, threads) of the run's measurement."""
-    prov = run.get("measurement", {}).get("provenance", {})
+    prov = run.get("measurement", {}).get("provenance") or run.get("prediction", {}).get("provenance", {})
     if prov.get("experts") == "llama.cpp":
         return "llama.cpp", "dedup", prov.get("options", {}).get("threads")
     return "torch", "auto", None
@@ -81,7 +81,10 @@ def _trust(run: dict[str, Any], depth: int, version: str) -> str:
     at = next((e for e in score.get("depths", []) if e["depth"] == depth), {})
     scored, ran = at.get("versions", {}).get(version), sweep_acceptance_line(at.get("oracle_acceptance"))
     steadiness = score.get("steadiness")
-    if scored is None and version in at.get("unavailable", {}):
+    if scored is None and run.get("prediction", {}).get("dense"):
+        said = ("a dense model runs no oracle sweep to score it against (the sweep tests the MoE cost model); the "
+                "held-out check of your drafts, where the run priced any, measures it.")
+    elif scored is None and version in at.get("unavailable", {}):
         said = f"it could not be scored against this machine's sweep: {at['unavailable'][version]['message']}."
     elif scored is None:
         said = "it has not been scored against this machine's sweep yet (run the chain to its score step)."
