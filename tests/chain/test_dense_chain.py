@@ -56,6 +56,7 @@ def test_the_dense_chain_runs_its_steps_and_the_drafts_answer(dense_run):
     flat = " ".join(first.answer.split())
     assert "(llama.cpp, 1 thread, context depth 16)" in flat and "a dense model runs no oracle sweep" in flat
     assert "Your drafts (prompt-lookup n=2)" in flat
+    assert "Crossover" not in first.summary  # one kernel: no deduplication to cross over
 
 
 def test_the_dense_prediction_is_tau1_plus_the_files_products_and_rest(dense_run):

@@ -225,7 +225,7 @@ def summary_blocks(run: dict[str, Any]) -> list:
     if scored:
         blocks += [*_goals(scored), _rules(scored)]
     blocks += _acceptance(every)
-    if pred.get("depths"):
+    if pred.get("depths") and not pred.get("dense"):  # a dense model has one kernel: nothing to cross over
         blocks.append(_crossover(run, measured))
     blocks += [_staircase(e["depth"], e["versions"]) for e in depths]
     blocks.append(_measured(run, measured))
