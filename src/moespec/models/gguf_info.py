@@ -144,7 +144,8 @@ def layout(path: str | Path) -> MoELayout:
     N, m = _int(path, f"{arch}.expert_count"), _int(path, f"{arch}.expert_used_count")
     if not parts:
         raise ValueError(f"{path} ({arch}) holds no expert tensors (blk.N.ffn_*_exps.weight): it is a dense model, "
-                         "and the MoE cost model needs an MoE GGUF file")
+                         "and this step of the MoE cost model needs an MoE GGUF file (`moespec demo --model "
+                         f"{path.name}` runs the chain for a dense file)")
     missing = [k for k, v in ((f"{arch}.expert_count", N), (f"{arch}.expert_used_count", m)) if not v]
     if missing:
         raise ValueError(f"{path} ({arch}) has expert tensors but no {' or '.join(missing)} metadata; convert it again "
