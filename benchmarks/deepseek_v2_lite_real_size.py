@@ -3,7 +3,7 @@ shape of DeepSeek-V2-Lite (27 layers, the first dense of 10944; 64 routed expert
 top-6; hidden 2048; MLA attention of 16 heads, kv_lora_rank 512, no q LoRA, qk_nope 128, qk_rope 64,
 v 128; the real config's YaRN RoPE), random weights, SmolLM2's vocabulary of 49152 instead of 102400
 (a smaller file), written by llama.cpp's converter and quantized to q4_k by llama.cpp's quantizer
-(about 9.6 GB), then `moespec demo --model FILE.gguf`.
+(10.2 GB), then `moespec demo --model FILE.gguf`.
 
 Built as `olmoe_real_size.py` builds its file (its `write_checkpoint`: f16, one safetensors shard per
 layer, drawn tensor by tensor, never more than one layer in memory; linear weights and routers
@@ -21,6 +21,9 @@ skipped when its output (or a later one) exists, under ~/.cache/moespec/deepseek
               256-blocks, so llama.cpp writes those tensors in its fallback type, as in the real
               model's Q4_K_M files); the q8_0 file is then removed unless --keep
   chain       `moespec demo --model FILE.gguf --threads T` in a subprocess: wall time, peak memory, scores
+
+Measured making it (2 threads on the shared 2-core machine, nice 19): checkpoint 472 s, convert 527 s
+(q8_0, 16.47 GB), quantize 1923 s (q4_k, 10.21 GB); 49 minutes in all.
 
     python benchmarks/deepseek_v2_lite_real_size.py --prepare-only --out benchmarks/results/deepseek_v2_lite_real_size/deepseek_v2_lite_real_size.json
     python benchmarks/deepseek_v2_lite_real_size.py --tiny --out /tmp/deepseek-tiny.json   # narrow, 8 experts: the check
