@@ -24,9 +24,9 @@ one) exists, under ~/.cache/moespec/gpt-oss-20b (resumable):
     python benchmarks/gpt_oss_20b_real_size.py --prepare-only --out benchmarks/results/gpt_oss_20b_real_size/gpt_oss_20b_real_size.json
     python benchmarks/gpt_oss_20b_real_size.py --tiny --prepare-only --out /tmp/gpt-oss-tiny.json   # the check
 
-Random routers spread the experts over tokens as the uniform router does; the real gpt-oss-20b reuses
-experts across neighbouring tokens (paper, Figure 1), so the union of experts a verify pass reads grows
-faster with n here than on the real model.
+What random routers change against a real model's reuse (paper, Figure 1) is measured, not assumed: the
+chain records ρ(n) per layer (on the OLMoE-1B-7B-shaped file of the same recipe the random deep layers
+reused experts more than the real model: BENCHMARKS.md, "The chain at real size").
 """
 
 from __future__ import annotations
