@@ -6,6 +6,7 @@ float rounding only, far below what moves a seeded draw here); errors reach the 
 import numpy as np
 import pytest
 import torch
+from transformers import MistralConfig, MistralForCausalLM
 
 from moespec.backends.table_model import TableLM
 from moespec.checks import gate
@@ -63,6 +64,11 @@ def test_errors_reach_the_caller_and_no_run_waits_forever(pair):
     target, draft, prompts = pair
     with pytest.raises(TypeError, match="transformers models"):
         side_by_side(TableLM(16, seed=1), None, 0, [[1, 2]], runs=2, tokens=4, seed=0, max_k=4, limit=16, batch=2)
+    sliding = MistralConfig(vocab_size=300, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            num_key_value_heads=1, intermediate_size=64, sliding_window=8)
+    with pytest.raises(TypeError, match="full-attention"):
+        side_by_side(MistralForCausalLM(sliding), None, 0, [[1, 2]], runs=2, tokens=4, seed=0, max_k=4, limit=300,
+                     batch=2)
     with pytest.raises(ValueError, match="vocab_limit"):  # every run fails in generate; none hangs
         side_by_side(target, None, 0, prompts, runs=3, tokens=4, seed=0, max_k=4, limit=10**6, batch=3)
     lane = Lane(Passes(target, 1), 0, Schedule(1))

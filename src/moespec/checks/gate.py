@@ -23,7 +23,6 @@ import torch
 from scipy import stats as sps
 
 from moespec.backends.table_model import TableLM
-from moespec.checks.side_by_side import side_by_side
 from moespec.engine import sampling
 from moespec.engine.decode import generate
 
@@ -222,6 +221,8 @@ def _sample(model, draft, k, prompts, *, runs: int, tokens: int, seed: int, max_
     """[runs, tokens] ids of `runs` generations at temperature 1, no EOS stop; run i continues prompt i mod len.
     batch > 1: that many runs side by side (`side_by_side`, transformers models), each still a `generate` call."""
     if batch > 1:
+        from moespec.checks.side_by_side import side_by_side  # imports transformers: only when asked
+
         return side_by_side(model, draft, k, prompts, runs=runs, tokens=tokens, seed=seed, max_k=max_k, limit=limit,
                             batch=batch)
     return np.array([generate(model, prompts[i % len(prompts)], draft=draft, k=k, max_k=max_k, temperature=1.0,

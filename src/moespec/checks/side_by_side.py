@@ -240,13 +240,26 @@ class Lane(GreedyByLogits):
         return None
 
 
+def check_model(role: str, model) -> None:
+    """TypeError unless `model` is a transformers causal LM whose every layer attends to all positions
+    (a `DynamicLayer` cache): the stacked caches hold padding, which a sliding window would count."""
+    if not (callable(model) and hasattr(model, "config")):
+        raise TypeError(f"runs side by side need transformers models; the {role} is a {type(model).__name__}")
+    from transformers import DynamicCache
+
+    kinds = {type(layer).__name__ for layer in DynamicCache(config=model.config).layers}
+    if kinds != {"DynamicLayer"}:
+        raise TypeError(f"runs side by side need full-attention layers; the {role}'s cache has {sorted(kinds)}: "
+                        "decode its runs one after another (batch=1)")
+
+
 def side_by_side(target, draft, k, prompts: list[list[int]], *, runs: int, tokens: int, seed: int, max_k: int,
                  limit: int, batch: int) -> np.ndarray:
     """[runs, tokens] ids of the runs `gate._sample` decodes (run i: prompt i mod len, seed + i, temperature
     1), `batch` of them side by side at a time. target, draft: transformers causal LMs (draft None: plain)."""
     for role, m in (("target", target), ("draft", draft)):
-        if m is not None and not (callable(m) and hasattr(m, "config")):
-            raise TypeError(f"runs side by side need transformers models; the {role} is a {type(m).__name__}")
+        if m is not None:
+            check_model(role, m)
     out: list = [None] * runs
     for start in range(0, runs, batch):
         chunk = list(range(start, min(start + batch, runs)))
