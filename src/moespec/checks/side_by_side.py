@@ -4,7 +4,7 @@ Each run is an ordinary single-sequence `generate` call, in a thread of its own,
 `SpecModel` whose passes go to a `Passes` shared by the runs. When every run waits on a pass, one
 batched forward per model serves them all (`Schedule`), so the weights are read once per step of all
 the runs instead of once per step of each: 20 runs of SmolLM2-135M side by side on one CPU core took
-about a third of the time of 20 runs one after another. The decode loop, the sampler and the draft
+a third to a fifth of the time of 20 runs one after another. The decode loop, the sampler and the draft
 are generate's own; a run's logits differ from a lone call's by float rounding only (a batched
 matrix product), so its tokens follow the same law. A fresh lane's prompt is prefilled alone (the
 same pass as a lone call's), once per distinct prompt.
