@@ -14,6 +14,7 @@ from moespec.checks.gate import two_sample
 from moespec.engine.batch import generate_batch
 from moespec.engine.decode import generate
 from moespec.engine.proposers import OracleDraft, PromptLookup
+from moespec.engine.sampling import Sampler, SamplingConfig
 from moespec.models.tokenizer import ByteTokenizer
 from tests.conftest import require_llama
 
@@ -70,11 +71,35 @@ def test_sequences_that_finish_early_leave_the_batch_and_the_rest_stay_exact(ggu
     assert lives[0] == 4 and min(lives) < 4 and list(lives) == sorted(lives, reverse=True)
 
 
+def plain_tokens(model, prompt: list[int], seeds, n: int) -> list[list[int]]:
+    """The first n tokens of plain sampling at temperature 1 (vocab_limit 259), one run per seed, drawn as
+    `generate(model, prompt, k=0, temperature=1.0, seed=s)` draws them but with the prompt prefilled once:
+    the prefill's last row is kept, and each run rolls the cache back to the prompt, draws its first token
+    from that row and then feeds each token it draws, with the seed's `Sampler` (the same calls, so the
+    same logits and draws: the test checks it against `generate` itself)."""
+    model.reset()
+    first = model.extend(torch.tensor(prompt), outputs=1)  # [1, W], as generate's prefill
+    runs, none = [], torch.zeros(0, dtype=torch.long)
+    for seed in seeds:
+        sampler = Sampler(SamplingConfig(temperature=1.0), width=model.width, vocab_limit=259, seed=seed)
+        model.truncate(len(prompt))
+        logits, tokens = first, []
+        while True:
+            tokens.append(sampler.verify(sampler.prepare(logits, position=len(prompt) + len(tokens)), none, None)[1])
+            if len(tokens) == n:
+                break
+            logits = model.extend(torch.tensor(tokens[-1:]))
+        runs.append(tokens)
+    return runs
+
+
 def test_sampled_sequences_follow_plain_samplings_law(gguf_files):
     """The 3rd new token of each of 3 sequences, 600 batched runs (k = 2, the trained draft) against 600
     plain runs per prompt, temperature 1: a two-sample chi-square per sequence, p > 0.001 each (three
     tests: a false alarm under 0.3%); the same test tells apart the law of another prompt's position
-    (the power check: p < 0.001)."""
+    (the power check: p < 0.001). The plain runs are single-sequence plain sampling with the prompt
+    prefilled once (`plain_tokens`: 1,800 re-prefills were most of this test's time); its first runs
+    must be `generate`'s own tokens, seed for seed."""
     ps, runs, j = prompts(3), 600, 2
     target = LlamaBatch(gguf_files["olmoe-q8_0"], sequences=3, threads=1, n_ctx=256)
     draft = LlamaBatch(gguf_files["draft-q8_0"], sequences=3, threads=1, n_ctx=256)
@@ -82,8 +107,12 @@ def test_sampled_sequences_follow_plain_samplings_law(gguf_files):
     batched = np.array([[r.tokens[j] for r in generate_batch(target, ps, draft=draft, k=2, temperature=1.0,
                                                              max_new_tokens=j + 1, seed=10 * s, vocab_limit=259)]
                         for s in range(runs)])  # [runs, 3]
-    plain = np.array([[generate(single, p, k=0, temperature=1.0, max_new_tokens=j + 1, seed=7 + 10 * s,
-                                vocab_limit=259).tokens[j] for p in ps] for s in range(runs)])
+    seeds = [7 + 10 * s for s in range(runs)]
+    runs_of = [plain_tokens(single, p, seeds, j + 1) for p in ps]  # [3][runs][j + 1]
+    for p, got in zip(ps, runs_of):  # the reference is plain `generate`, token for token
+        assert got[:5] == [generate(single, p, k=0, temperature=1.0, max_new_tokens=j + 1, seed=seed,
+                                    vocab_limit=259).tokens for seed in seeds[:5]]
+    plain = np.array([[r[j] for r in got] for got in runs_of]).T  # [runs, 3]
     counts = lambda col: np.bincount(col, minlength=259)  # noqa: E731
     for i in range(3):
         assert two_sample(counts(batched[:, i]), counts(plain[:, i])).pvalue > 0.001, i

@@ -216,8 +216,15 @@ def _pass_size_margins(target, prompt: list[int], tokens: list[int], limit: int)
     return gaps, int(rows[0].argmax()) != int(rows[1].argmax())
 
 
-def _sample(model, draft, k, prompts, *, runs: int, tokens: int, seed: int, max_k: int, limit: int) -> np.ndarray:
-    """[runs, tokens] ids of `runs` generations at temperature 1, no EOS stop; run i continues prompt i mod len."""
+def _sample(model, draft, k, prompts, *, runs: int, tokens: int, seed: int, max_k: int, limit: int,
+            batch: int = 1) -> np.ndarray:
+    """[runs, tokens] ids of `runs` generations at temperature 1, no EOS stop; run i continues prompt i mod len.
+    batch > 1: that many runs side by side (`side_by_side`, transformers models), each still a `generate` call."""
+    if batch > 1:
+        from moespec.checks.side_by_side import side_by_side  # imports transformers: only when asked
+
+        return side_by_side(model, draft, k, prompts, runs=runs, tokens=tokens, seed=seed, max_k=max_k, limit=limit,
+                            batch=batch)
     return np.array([generate(model, prompts[i % len(prompts)], draft=draft, k=k, max_k=max_k, temperature=1.0,
                               max_new_tokens=tokens, seed=seed + i, vocab_limit=limit).tokens for i in range(runs)])
 
@@ -337,14 +344,16 @@ def _prompt_ids(tokenizer, prompts, length: int) -> list[list[int]]:
 
 def run_level3(target, draft, tokenizer, *, prompts=None, prompt_tokens: int = 32, ks=(1, 4, "auto"),
                max_k: int = 8, greedy_tokens: int = 32, samples: int = 9_200, tokens_per_run: int = 100,
-               sample_k: int | str | None = None, seed: int = 0, alpha: float = ALPHA) -> Level3:
+               sample_k: int | str | None = None, seed: int = 0, alpha: float = ALPHA, batch: int = 1) -> Level3:
     """Level 3 on the user's pair; samples is rounded up to whole runs of `tokens_per_run` tokens.
 
-    sample_k: the k of the sampled leg (default: the largest int in ks, else "auto").
+    sample_k: the k of the sampled leg (default: the largest int in ks, else "auto"). batch: the sampled
+    runs decoded that many side by side, their passes batched (`checks.side_by_side`; transformers
+    models): the same calls of `generate`, far fewer weight reads on a CPU; 1: one after another.
     """
-    if min(samples, tokens_per_run, greedy_tokens) < 1:
-        raise ValueError(f"samples, tokens_per_run, greedy_tokens must be >= 1, got "
-                         f"{samples, tokens_per_run, greedy_tokens}")
+    if min(samples, tokens_per_run, greedy_tokens, batch) < 1:
+        raise ValueError(f"samples, tokens_per_run, greedy_tokens, batch must be >= 1, got "
+                         f"{samples, tokens_per_run, greedy_tokens, batch}")
     ids, limit, eos = _prompt_ids(tokenizer, prompts, prompt_tokens), len(tokenizer), tokenizer.eos_token_id
     if hasattr(target, "generate") and hasattr(target, "config"):  # a transformers model: its own generate
         reference = lambda p: _hf_greedy(target, p, greedy_tokens, limit, eos)
@@ -355,7 +364,7 @@ def run_level3(target, draft, tokenizer, *, prompts=None, prompt_tokens: int = 3
     if sample_k is None:
         sample_k = max((k for k in ks if isinstance(k, int)), default="auto")
     runs = -(-samples // tokens_per_run)
-    size = dict(runs=runs, tokens=tokens_per_run, max_k=max_k, limit=limit)
+    size = dict(runs=runs, tokens=tokens_per_run, max_k=max_k, limit=limit, batch=batch)
     base = 1_000_003 * seed  # each method draws from its own seeds, so the samples are independent
     spec = _sample(target, draft, sample_k, ids, seed=base, **size).ravel()
     plain = _sample(target, None, 0, ids, seed=base + runs, **size).ravel()
