@@ -147,21 +147,29 @@ def main() -> None:
     result: dict = json.loads(args.out.read_text()) if args.out.exists() else {}
     result.update(shape=shape, rope=YARN, threads=args.threads)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    make_then_chain(result, args, (folder, q8, q4), shape, work, prepare)
 
-    def record(seconds: dict[str, float]) -> None:  # each step's seconds kept as it ends: a stopped run keeps them
+
+def make_then_chain(result: dict, args, files: tuple[Path, Path, Path], shape: dict, work: Path, make) -> None:
+    """`make(checkpoint, converted, final, shape, threads, keep, record)` unless the final file exists,
+    each step's seconds and the files' sizes written to `args.out` as the step ends (a stopped run keeps
+    them); then the chain on the final file unless --prepare-only. Shared with gpt_oss_20b_real_size.py."""
+    folder, made, final = files
+
+    def record(seconds: dict[str, float]) -> None:
         result.setdefault("seconds", {}).update(seconds)
-        result["sizes"] = {p.name: p.stat().st_size for p in (q8, q4) if p.exists()}
+        result["sizes"] = {p.name: p.stat().st_size for p in dict.fromkeys((made, final)) if p.exists()}
         args.out.write_text(json.dumps(result, indent=1))
         print(f"  {time.strftime('%H:%M:%S')} seconds {result['seconds']}, sizes {result['sizes']}", flush=True)
 
-    if not q4.exists():
-        prepare(folder, q8, q4, shape, args.threads, args.keep, record)
-    result["file"] = {"name": q4.name, "bytes": q4.stat().st_size}
+    if not final.exists():
+        make(folder, made, final, shape, args.threads, args.keep, record)
+    result["file"] = {"name": final.name, "bytes": final.stat().st_size}
     args.out.write_text(json.dumps(result, indent=1))
-    print(f"{q4}: {q4.stat().st_size / 1e9:.2f} GB; steps {result['seconds']}", flush=True)
+    print(f"{final}: {final.stat().st_size / 1e9:.2f} GB; steps {result.get('seconds')}", flush=True)
     if args.prepare_only:
         return
-    run_chain_into(result, q4, work / "demo", args.threads)
+    run_chain_into(result, final, work / "demo", args.threads)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
 

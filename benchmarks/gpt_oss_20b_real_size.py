@@ -167,23 +167,7 @@ def main() -> None:
     result: dict = json.loads(args.out.read_text()) if args.out.exists() else {}
     result.update(shape=shape, kind=args.kind, threads=args.threads)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-
-    def record(seconds: dict[str, float]) -> None:  # each step's seconds kept as it ends: a stopped run keeps them
-        result.setdefault("seconds", {}).update(seconds)
-        result["sizes"] = {p.name: p.stat().st_size for p in {converted, final} if p.exists()}
-        args.out.write_text(json.dumps(result, indent=1))
-        print(f"  {time.strftime('%H:%M:%S')} seconds {result['seconds']}, sizes {result['sizes']}", flush=True)
-
-    if not final.exists():
-        prepare(folder, converted, final, shape, args.threads, args.keep, record)
-    result["file"] = {"name": final.name, "bytes": final.stat().st_size}
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"{final}: {final.stat().st_size / 1e9:.2f} GB; steps {result.get('seconds')}", flush=True)
-    if args.prepare_only:
-        return
-    deepseek.run_chain_into(result, final, work / "demo", args.threads)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    deepseek.make_then_chain(result, args, (folder, converted, final), shape, work, prepare)
 
 
 if __name__ == "__main__":
