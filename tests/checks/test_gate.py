@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 import moespec.cli.main  # noqa: F401  (registers the commands)
 from moespec.cli.app import app
-from moespec.checks import gate
+from moespec.checks import by_runs, gate
 from moespec.engine import sampling
 from moespec.models import load
 
@@ -39,8 +39,10 @@ def test_gate_passes_on_a_correct_engine(pair):
     assert l2.passed and set(l2.spec) == {"1", "4", "auto"} and l2.padded_ids == 0
     assert l3.passed and l3.verdict == "pass" and l3.reason == ""
     assert all(g.equal == g.prompts == 2 for g in l3.greedy)
-    assert l3.spec.n == (1500, 1500) and l3.spec.pvalue > 0.01 and l3.power.pvalue < 1e-10
-    assert l2.power.pvalue < 1e-10
+    assert l3.spec.n == (1500, 1500) and l3.spec.pvalue > 0.01 and l3.power.pvalue_independent < 1e-10
+    assert l2.power.pvalue_independent < 1e-10
+    # by permuting runs the least p-value is 1/(1 + permutations): the power checks reach it
+    assert l3.power.pvalue == l2.power.pvalue == 1 / (1 + by_runs.PERMUTATIONS)
     assert result.passed
     d = result.to_dict()
     assert d["passed"] and d["level3"]["verdict"] == "pass" and d["settings"]["samples"] == 1500
@@ -53,7 +55,7 @@ def test_always_accepting_fails_levels_1_2_and_3(pair, monkeypatch):
     assert not gate.run_level1(trials=20_000).passed
     l2 = gate.run_level2(ks=(4,), runs=200)  # 1,600 tokens per method
     assert not l2.passed and l2.spec["4"].pvalue < 0.01
-    l3 = gate.run_level3(*pair, prompts=2, ks=(4,), greedy_tokens=4, samples=1200)
+    l3 = gate.run_level3(*pair, prompts=2, ks=(4,), greedy_tokens=4, samples=1200, tokens_per_run=25)
     assert l3.spec.pvalue < 0.01 and l3.verdict == "fail" and "differs" in l3.reason
     assert all(g.equal == g.prompts for g in l3.greedy)  # greedy decoding never calls the rule
 
@@ -102,7 +104,8 @@ def test_level3_on_a_llama_cpp_pair_against_its_own_plain_decoding(gguf_files):
     draft's own sampling is rejected (the trained draft is far weaker than its target)."""
     target, tok = load(str(gguf_files["olmoe-q8_0"]), backend="llama.cpp", threads=1, exact=True)
     draft, _ = load(str(gguf_files["draft-q8_0"]), backend="llama.cpp", threads=1)
-    l3 = gate.run_level3(target, draft, tok, prompts=2, ks=(1, 4, "auto"), greedy_tokens=12, samples=1500)
+    l3 = gate.run_level3(target, draft, tok, prompts=2, ks=(1, 4, "auto"), greedy_tokens=12, samples=1500,
+                         tokens_per_run=25)  # 60 runs per method: the runs are the two-sample test's unit
     assert all(g.equal == g.prompts == 2 and g.margins is None for g in l3.greedy)
     assert l3.spec.n == (1500, 1500) and l3.spec.pvalue > 0.01 and l3.power.pvalue < 0.01
     assert l3.verdict == "pass"

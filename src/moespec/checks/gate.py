@@ -23,25 +23,42 @@ import torch
 from scipy import stats as sps
 
 from moespec.backends.table_model import TableLM
+from moespec.checks.by_runs import MIN_EXPECTED, by_runs, pooled_bins
 from moespec.engine import sampling
 from moespec.engine.decode import generate
 
 ALPHA = 0.01  # the engine paper's gate threshold (levels 2 and 3)
 LEVEL1_ALPHA = 0.001  # per family at level 1, where seven families are tested
 EXACT_TOL = 1e-6  # float32 error allowed between the exact output law of level 1 and p
-MIN_EXPECTED = 5.0  # chi-square bins are pooled until every expected count reaches this
 FAMILIES = ("dirichlet", "mismatched", "disjoint", "q-equals-p", "one-hot-p", "one-hot-q", "near-zero")
 
 
 @dataclass(frozen=True)
 class ChiSquare:
-    """One chi-square test: statistic, degrees of freedom, p-value, bins used and sample sizes."""
+    """One chi-square test: statistic, degrees of freedom, p-value, bins used and sample sizes. For the
+    two-sample tests of levels 2 and 3, `pvalue` is by permuting the runs (`checks.by_runs`) and
+    `pvalue_independent` the χ² law's, which assumes independent tokens (the paper's)."""
 
     chi2: float
     dof: int
     pvalue: float
     bins: int
     n: tuple[int, ...]
+    pvalue_independent: float | None = None
+
+
+def two_sample_runs(a_runs: np.ndarray, b_runs: np.ndarray, seed: int = 0) -> ChiSquare:
+    """Two-sample chi-square of two methods' runs [R, B] of counts, runs as the unit (`checks.by_runs`)."""
+    r = by_runs(a_runs, b_runs, seed=seed)
+    return ChiSquare(r["chi2"], r["dof"], r["pvalue"], r["bins"], r["n"], r["pvalue_independent"])
+
+
+def run_counts(sample: np.ndarray, bins: int) -> np.ndarray:
+    """[runs, bins] each run's count of every id of `sample` [runs, tokens] (ids >= bins in the last bin)."""
+    sample = np.asarray(sample, np.int64).clip(max=bins - 1)
+    out = np.zeros((len(sample), bins), np.int64)
+    np.add.at(out, (np.repeat(np.arange(len(sample)), sample.shape[1]), sample.ravel()), 1)
+    return out
 
 
 def goodness_of_fit(counts: np.ndarray, p: np.ndarray) -> ChiSquare:
@@ -69,12 +86,7 @@ def two_sample(a: np.ndarray, b: np.ndarray) -> ChiSquare:
     """
     a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
     col = a + b
-    scale = min(a.sum(), b.sum()) / max(col.sum(), 1)  # expected count of a bin = col * scale at least
-    order = np.argsort(col, kind="stable")
-    rare = col[order] * scale < MIN_EXPECTED
-    kept, pooled = list(order[~rare]), list(order[rare])
-    while pooled and col[pooled].sum() * scale < MIN_EXPECTED and kept:
-        pooled.append(kept.pop(0))
+    kept, pooled = pooled_bins(col, min(a.sum(), b.sum()) / max(col.sum(), 1))  # expected count: col * scale
     table = np.array([[a[i] for i in kept], [b[i] for i in kept]]).reshape(2, -1)
     if pooled and col[pooled].sum() > 0:
         table = np.column_stack([table, [a[pooled].sum(), b[pooled].sum()]])
@@ -257,19 +269,19 @@ def run_level2(*, ks=(1, 4, "auto"), max_k: int = 8, runs: int = 1000, tokens: i
     size = dict(runs=runs, tokens=tokens, max_k=max_k, limit=V)
     base = 1_000_003 * seed  # each method draws from its own seeds, so the samples are independent
 
-    def counts(sample: np.ndarray) -> np.ndarray:  # [runs, tokens] -> [tokens * V]; padded ids are counted apart
-        return np.bincount((sample.clip(max=V - 1) + V * np.arange(tokens)).ravel(), minlength=tokens * V)
+    def counts(sample: np.ndarray) -> np.ndarray:  # [runs, tokens] -> [runs, tokens * V]: (position, token) per run
+        return run_counts(sample.clip(max=V - 1) + V * np.arange(tokens), tokens * V)
 
     plain = _sample(target, None, 0, prompts, seed=base, **size)
     wrong = _sample(draft, None, 0, prompts, seed=base + runs, **size)
     spec, padded = {}, int((plain >= V).sum())
     for j, k in enumerate(ks):
         s = _sample(target, draft, k, prompts, seed=base + (j + 2) * runs, **size)
-        spec[str(k)], padded = two_sample(counts(s), counts(plain)), padded + int((s >= V).sum())
+        spec[str(k)], padded = two_sample_runs(counts(s), counts(plain), seed), padded + int((s >= V).sum())
     greedy_prompts = [[j, (5 * j + 3) % V, (11 * j) % V] for j in range(3)]
     plain_greedy = lambda p: generate(target, p, k=0, max_new_tokens=20, vocab_limit=V).tokens
     greedy = _greedy(target, draft, ks, greedy_prompts, plain_greedy, tokens=20, max_k=max_k, limit=V)
-    return Level2(runs, tokens, V, spec, two_sample(counts(wrong), counts(plain)), greedy, padded, alpha)
+    return Level2(runs, tokens, V, spec, two_sample_runs(counts(wrong), counts(plain), seed), greedy, padded, alpha)
 
 
 @dataclass
@@ -366,12 +378,13 @@ def run_level3(target, draft, tokenizer, *, prompts=None, prompt_tokens: int = 3
     runs = -(-samples // tokens_per_run)
     size = dict(runs=runs, tokens=tokens_per_run, max_k=max_k, limit=limit, batch=batch)
     base = 1_000_003 * seed  # each method draws from its own seeds, so the samples are independent
-    spec = _sample(target, draft, sample_k, ids, seed=base, **size).ravel()
-    plain = _sample(target, None, 0, ids, seed=base + runs, **size).ravel()
-    wrong = _sample(draft, None, 0, ids, seed=base + 2 * runs, **size).ravel()
-    counts = lambda s: np.bincount(s.clip(max=limit - 1), minlength=limit)
-    return Level3(greedy_tokens, greedy, str(sample_k), two_sample(counts(spec), counts(plain)),
-                  two_sample(counts(wrong), counts(plain)), int((spec >= limit).sum() + (plain >= limit).sum()), alpha)
+    spec = _sample(target, draft, sample_k, ids, seed=base, **size)
+    plain = _sample(target, None, 0, ids, seed=base + runs, **size)
+    wrong = _sample(draft, None, 0, ids, seed=base + 2 * runs, **size)
+    counts = lambda s: run_counts(s, limit)  # noqa: E731  [runs, limit]: token ids pooled within each run
+    return Level3(greedy_tokens, greedy, str(sample_k), two_sample_runs(counts(spec), counts(plain), seed),
+                  two_sample_runs(counts(wrong), counts(plain), seed),
+                  int((spec >= limit).sum() + (plain >= limit).sum()), alpha)
 
 
 @dataclass

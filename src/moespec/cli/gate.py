@@ -23,7 +23,9 @@ def _mark(ok: bool) -> str:
 
 
 def _test(c) -> str:
-    return f"χ²={c.chi2:.1f}, dof={c.dof}, p={c.pvalue:.3g}"
+    if c.pvalue_independent is None:
+        return f"χ²={c.chi2:.1f}, dof={c.dof}, p={c.pvalue:.3g}"
+    return f"χ²={c.chi2:.1f}, dof={c.dof}, p={c.pvalue:.3g} by runs (χ² law, tokens as independent: {c.pvalue_independent:.3g})"
 
 
 def _rows(result) -> list[tuple[str, str, str, str]]:
