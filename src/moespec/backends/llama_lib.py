@@ -162,6 +162,7 @@ GGML_SIGNATURES = {  # name: (library, result type, argument types), as declared
     "ggml_graph_overhead_custom": ("base", _SZ, [_SZ, _BOOL]),
     "ggml_type_name": ("base", ctypes.c_char_p, [_INT]),
     "ggml_get_name": ("base", ctypes.c_char_p, [_P]),
+    "ggml_op_desc": ("base", ctypes.c_char_p, [_P]),
     "ggml_set_name": ("base", _P, [_P, ctypes.c_char_p]),
     "ggml_new_tensor_1d": ("base", _P, [_P, _INT, _I64]),
     "ggml_new_tensor_2d": ("base", _P, [_P, _INT, _I64, _I64]),
