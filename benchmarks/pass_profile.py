@@ -12,9 +12,10 @@ node's time is filed under its kind:
   attention  FLASH_ATTN_EXT (or, without flash attention, the products with the cache and their softmax)
   rest       everything else: norms, RoPE, the cache writes, adds, activations, views' copies
 
-and beside them, on the same file, the chain's own terms timed alone (`bench.ggml_dense_op` D(n),
-`bench.ggml_rest_op` R_d(n), flush before each compute as the characterization does), and the whole
-pass without the callback. All of one run, interleaved by repetition. A pass's tokens are seeded
+and beside them, on the same file: the whole pass without the callback; R_d(n) (`bench.ggml_rest_op`)
+computed right after each pass ("beside"), so that it shares the passes' moments; and, after all the
+passes, the chain's own terms timed alone as the characterization times them (`bench.ggml_dense_op`
+D(n), R_d(n), 15 interleaved rounds, flush before each compute). A pass's tokens are seeded
 random ids at `depth` (what the expert kinds see depends on the text; the kinds compared with R do not).
 Run it on a quiet machine:
 
@@ -81,17 +82,22 @@ class NodeClock:
 def profile(path: Path, depths: list[int], ns: list[int], threads: int, reps: int, seed: int) -> dict:
     from moespec.backends.llama_model import LlamaModel
     from moespec.bench.characterize import dense_times
-    from moespec.bench.ggml_rest_op import rest_times
+    from moespec.bench.ggml_rest_op import MAX_N, RestOfPass, rest_times
     from moespec.bench.timing import CacheFlusher
 
-    clock = NodeClock()
+    clock, flush = NodeClock(), CacheFlusher()
     n_ctx = max(depths) + max(ns) + 8
     rng = np.random.default_rng(seed)
     split = {str(d): {str(n): {k: [] for k in KINDS} for n in ns} for d in depths}
     whole = {str(d): {str(n): [] for n in ns} for d in depths}
+    beside = {str(d): {str(n): [] for n in ns} for d in depths}  # R_d timed right after each pass
     with LlamaModel(path, threads=threads, n_ctx=n_ctx, eval_callback=clock.callback) as observed, \
-            LlamaModel(path, threads=threads, n_ctx=n_ctx) as plain:
+            LlamaModel(path, threads=threads, n_ctx=n_ctx) as plain, \
+            RestOfPass(path, threads=threads, max_n=max(MAX_N, *ns)) as rest:
         vocab = min(observed.n_vocab, plain.n_vocab)
+        for d in depths:
+            for n in ns:  # each graph's first compute is not timed
+                rest.time(n, d, reps=1, warmup=1, seed=seed)
         for d in depths:
             context = rng.integers(0, vocab, d).tolist()
             for model in (observed, plain):
@@ -109,14 +115,15 @@ def profile(path: Path, depths: list[int], ns: list[int], threads: int, reps: in
                     plain.decode(ids, first_out=0, keep=False)
                     whole[str(d)][str(n)].append(time.perf_counter() - t0)
                     plain.truncate(d)
-    flush = CacheFlusher()
+                    beside[str(d)][str(n)] += rest.time(n, d, reps=1, warmup=0, flush=flush, seed=seed)
     alone = {"dense": dense_times(str(path), ns, threads, reps=reps, flush=flush)["median"],
              "rest": rest_times(path, ns, depths, threads, reps=reps, flush=flush)["median"]}
     med = lambda xs: float(np.median(xs))  # noqa: E731
     return {"model": str(path), "threads": threads, "reps": reps, "ns": ns, "depths": depths,
             "split_median": {d: {n: {k: med(v) for k, v in kv.items()} for n, kv in dn.items()} for d, dn in split.items()},
             "whole_median": {d: {n: med(v) for n, v in dn.items()} for d, dn in whole.items()},
-            "alone_median": alone, "split_samples": split, "whole_samples": whole}
+            "alone_median": alone, "beside_median": {d: {n: med(v) for n, v in dn.items()} for d, dn in beside.items()},
+            "split_samples": split, "whole_samples": whole, "beside_samples": beside}
 
 
 def table(result: dict) -> list[str]:
@@ -128,9 +135,11 @@ def table(result: dict) -> list[str]:
         grow = {k: 1e3 * (s[b][k] - s[a][k]) for k in KINDS}
         dense = 1e3 * (result["alone_median"]["dense"][b] - result["alone_median"]["dense"][a])
         rest = 1e3 * (result["alone_median"]["rest"][d][b] - result["alone_median"]["rest"][d][a])
+        near = result.get("beside_median", {}).get(d)
+        near = f", R beside the passes {1e3 * (near[b] - near[a]):.1f}" if near else ""
         lines.append(f"d = {d}: whole pass {1e3 * (w[b] - w[a]):.1f} (τ({a}) {1e3 * w[a]:.1f}, τ({b}) {1e3 * w[b]:.1f}); "
                      f"node by node {sum(grow.values()):.1f} = " + ", ".join(f"{k} {v:.1f}" for k, v in grow.items())
-                     + f"; alone: D {dense:.1f}, R {rest:.1f} (against llama.cpp's attention + rest "
+                     + f"; alone: D {dense:.1f}, R {rest:.1f}{near} (against llama.cpp's attention + rest "
                      f"{grow['attention'] + grow['rest']:.1f})")
     return lines
 
