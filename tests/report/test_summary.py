@@ -150,3 +150,18 @@ def test_goals_take_the_verify_time_error_with_deduplication_on():
     s.update(tau_error_dedup=0.101, k_star_measured=[0] * 9 + [3, 5])
     g = goals(s)
     assert g["tau"] == (0.101, False) and g["k_within_one"] == (9, False)
+
+
+def test_as_text_never_splits_a_settings_line_or_a_path():
+    """Every start column of the fragment in a paragraph of 100-column lines: the fragment's tokens
+    each stay whole on one line (textwrap's default would split `--spec-ngram-mod-n-max` at a hyphen),
+    and no line passes 100 columns unless it is one token."""
+    fragment = "--spec-type ngram-mod --spec-ngram-mod-n-match 2 --spec-ngram-mod-n-max 2 --spec-ngram-mod-n-min 1"
+    path = "/root/.cache/moespec/candidates/a-draft-with-a-long-hyphenated-name-q8_0.gguf"
+    for pad in range(0, 101):
+        text = as_text(["x" * pad + " llama-server: " + fragment + " and " + path + " end."])
+        lines = text.rstrip("\n").split("\n")
+        words = text.split()
+        for token in fragment.split() + [path]:
+            assert token in words, (pad, token)
+        assert all(len(line) <= 100 or len(line.split()) == 1 for line in lines), pad

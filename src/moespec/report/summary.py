@@ -277,17 +277,23 @@ def _width(text: str) -> int:
     return sum(not unicodedata.combining(c) for c in text)  # k̂ is two code points, one column
 
 
+def _fill(text: str) -> str:
+    """`text` wrapped at 100 columns between words only: a settings line such as
+    `--spec-ngram-mod-n-max 2` or a path is never split at a hyphen, so it pastes as printed."""
+    return textwrap.fill(text, 100, break_on_hyphens=False, break_long_words=False)
+
+
 def as_text(blocks: list) -> str:
-    """The blocks as plain text: paragraphs and captions wrapped at 100 columns, each table under its
-    caption in aligned columns."""
+    """The blocks as plain text: paragraphs and captions wrapped at 100 columns (`_fill`), each table
+    under its caption in aligned columns."""
     out = []
     for block in blocks:
         if isinstance(block, Table):
             cells = [[str(c) for c in row] for row in [block.header, *block.rows]]
             widths = [max(_width(row[i]) for row in cells) for i in range(len(block.header))]
-            out.append(textwrap.fill(block.caption, 100))
+            out.append(_fill(block.caption))
             out += ["  " + "  ".join(c + " " * (w - _width(c)) for c, w in zip(row, widths)).rstrip() for row in cells]
         else:
-            out.append(textwrap.fill(block, 100))
+            out.append(_fill(block))
         out.append("")
     return "\n".join(out)
