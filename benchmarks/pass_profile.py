@@ -49,11 +49,10 @@ class NodeClock:
         self._lib, self._g = llama_lib, llama_lib.ggml()
         self.callback = llama_lib.bindings().ggml_backend_sched_eval_callback(self._observe)
         self.spent = dict.fromkeys(KINDS, 0.0)
-        self.nodes = 0
         self._last = time.perf_counter()
 
     def start(self) -> None:
-        self.spent, self.nodes, self._last = dict.fromkeys(KINDS, 0.0), 0, time.perf_counter()
+        self.spent, self._last = dict.fromkeys(KINDS, 0.0), time.perf_counter()
 
     def _observe(self, tensor: int, ask: bool, user_data) -> bool:
         if ask:
@@ -61,7 +60,6 @@ class NodeClock:
         now = time.perf_counter()
         t = ctypes.cast(tensor, ctypes.POINTER(self._lib.GgmlTensor)).contents
         self.spent[self.kind(tensor, t)] += now - self._last
-        self.nodes += 1
         self._last = time.perf_counter()  # the callback's own time falls outside every node
         return True
 

@@ -19,16 +19,20 @@ MIN_EXPECTED = 5.0  # bins are pooled until every expected count reaches this (t
 PERMUTATIONS = 2000  # the smallest p-value is 1/2001, under the gate's alpha of 0.01
 
 
-def pooled_bins(col: np.ndarray, scale: float) -> tuple[list[int], list[int]]:
-    """(kept bins, bins pooled into one "other" bin) of the column totals `col`: a bin whose expected
-    count col * scale is below MIN_EXPECTED is pooled, and the pool is topped up from the rarest kept
-    bins until it reaches MIN_EXPECTED too."""
+def binned(rows: np.ndarray, scale: float) -> np.ndarray:
+    """rows [R, B] of counts over the same bins, their bins pooled [R, bins]: a bin whose expected count
+    (its column total × `scale`) is below MIN_EXPECTED goes into one "other" bin, last, which is topped
+    up from the rarest kept bins until it reaches MIN_EXPECTED too (left out when it holds nothing)."""
+    col = rows.sum(0)
     order = np.argsort(col, kind="stable")
     rare = col[order] * scale < MIN_EXPECTED
     kept, pooled = list(order[~rare]), list(order[rare])
     while pooled and col[pooled].sum() * scale < MIN_EXPECTED and kept:
         pooled.append(kept.pop(0))
-    return kept, pooled
+    out = rows[:, kept]
+    if pooled and col[pooled].sum() > 0:
+        out = np.column_stack([out, rows[:, pooled].sum(1)])
+    return out
 
 
 def _statistics(which: np.ndarray, binned: np.ndarray) -> np.ndarray:
@@ -51,19 +55,15 @@ def by_runs(a_runs, b_runs, *, permutations: int = PERMUTATIONS, seed: int = 0) 
         raise ValueError(f"runs of {a_runs.shape[1]} and {b_runs.shape[1]} bins, {permutations} permutations; "
                          "give both methods' runs over the same bins and at least one permutation")
     both = np.concatenate([a_runs, b_runs])
-    col = both.sum(0)
     n = (int(a_runs.sum()), int(b_runs.sum()))
-    kept, pooled = pooled_bins(col, min(n) / max(col.sum(), 1))
-    binned = both[:, kept]
-    if pooled and col[pooled].sum() > 0:
-        binned = np.column_stack([binned, both[:, pooled].sum(1)])
-    if binned.shape[1] < 2 or min(n) == 0:
-        return {"chi2": 0.0, "dof": 0, "bins": binned.shape[1], "n": n, "pvalue": 1.0, "pvalue_independent": 1.0}
+    counts = binned(both, min(n) / max(sum(n), 1))
+    if counts.shape[1] < 2 or min(n) == 0:
+        return {"chi2": 0.0, "dof": 0, "bins": counts.shape[1], "n": n, "pvalue": 1.0, "pvalue_independent": 1.0}
     R, first = len(both), np.r_[np.ones(len(a_runs)), np.zeros(len(b_runs))]
-    observed = float(_statistics(first[None], binned)[0])
+    observed = float(_statistics(first[None], counts)[0])
     rng = np.random.default_rng(seed)
-    null = _statistics(np.array([rng.permutation(first) for _ in range(permutations)]), binned)
-    dof = binned.shape[1] - 1
-    return {"chi2": observed, "dof": dof, "bins": binned.shape[1], "n": n,
+    null = _statistics(np.array([rng.permutation(first) for _ in range(permutations)]), counts)
+    dof = counts.shape[1] - 1
+    return {"chi2": observed, "dof": dof, "bins": counts.shape[1], "n": n,
             "pvalue": float((1 + np.sum(null >= observed * (1 - 1e-12))) / (1 + permutations)),
             "pvalue_independent": float(sps.chi2.sf(observed, dof)), "runs": R}

@@ -23,7 +23,7 @@ import torch
 from scipy import stats as sps
 
 from moespec.backends.table_model import TableLM
-from moespec.checks.by_runs import MIN_EXPECTED, by_runs, pooled_bins
+from moespec.checks.by_runs import MIN_EXPECTED, binned, by_runs
 from moespec.engine import sampling
 from moespec.engine.decode import generate
 
@@ -85,12 +85,8 @@ def two_sample(a: np.ndarray, b: np.ndarray) -> ChiSquare:
     are pooled into an "other" bin, topped up from the rarest kept bins until it reaches it too.
     """
     a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
-    col = a + b
-    kept, pooled = pooled_bins(col, min(a.sum(), b.sum()) / max(col.sum(), 1))  # expected count: col * scale
-    table = np.array([[a[i] for i in kept], [b[i] for i in kept]]).reshape(2, -1)
-    if pooled and col[pooled].sum() > 0:
-        table = np.column_stack([table, [a[pooled].sum(), b[pooled].sum()]])
     n = (int(a.sum()), int(b.sum()))
+    table = binned(np.stack([a, b]), min(n) / max(sum(n), 1))  # a bin's expected count: its total * scale
     if table.shape[1] < 2:
         return ChiSquare(0.0, 0, 1.0, table.shape[1], n)
     r = sps.chi2_contingency(table, correction=False)
