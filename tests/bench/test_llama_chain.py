@@ -150,25 +150,33 @@ def test_the_prediction_is_eq_22_on_the_files_bytes_recomputed_by_hand(chains):
         assert pred["tau"]["dedup"][i] == pytest.approx(want, rel=1e-9)
 
 
-def test_the_calibrated_version_adds_the_dense_products_growth(chains):
+def test_the_calibrated_version_adds_the_growth_of_the_terms_timed_beside_the_passes(chains):
     """On llama.cpp g(n) = o(n) − o(1), o = D + R_d: D the file's dense products and R_d the rest of its
-    pass at the verify depth d, each timed alone (`ggml_dense_op`, `ggml_rest_op`), added to the
-    measured-time version's τ̂(n); the characterization keeps every timed sample."""
+    pass at the verify depth d (`ggml_dense_op`, `ggml_rest_op`), each computed right after every verify
+    pass of the base measurement (`ggml_outside`) and summarized as the passes are over the fit half,
+    added to the measured-time version's τ̂(n). The characterization still times both alone and keeps
+    every sample (the growth-shares benchmark reads them)."""
+    from moespec.chain.prediction import repetition_half, verify_times_at
+    from moespec.costmodel.verify_times import pass_time
+
     out, _, _ = chains
     char = _payload(out / "llama.cpp", "characterization.json", "characterize")
     dense = char["dense"]
     assert "output.weight" in dense["tensors"] and not any("_exps" in t for t in dense["tensors"])
     assert all(len(v) == 15 and np.median(v) == dense["median"][n] for n, v in dense["samples"].items())
     depth = _payload(out / "llama.cpp", "prediction.json", "predict")["depths"][0]
-    assert depth["calibrated_outside"] == "dense-ops+rest" and "calibrated" not in depth.get("unavailable", {})
-    rest = char["rest"]
-    assert rest["depths"] == [depth["depth"]]
-    assert all(len(v) == 15 and np.median(v) == rest["median"][str(depth["depth"])][n]
-               for n, v in rest["samples"][str(depth["depth"])].items())
+    assert depth["calibrated_outside"] == "beside-passes" and "calibrated" not in depth.get("unavailable", {})
+    base = _payload(out / "llama.cpp", "measurement-base.json", "measure")
+    times = verify_times_at(base, depth["depth"])
+    samples = times.samples["moespec_dedup"]
+    assert set(times.outside) == {"dense", "rest"}
+    assert all(times.outside[t][n].shape == samples[n].shape and (times.outside[t][n] > 0).all()
+               for t in times.outside for n in times.ns)
+    fit = repetition_half(times, "fit").outside_samples()
+    o = {n: pass_time(fit[n]) for n in times.ns}
     cal, meas = depth["versions"]["calibrated"], depth["versions"]["measured-time"]
-    o = {n: dense["median"][n] + rest["median"][str(depth["depth"])][n] for n in dense["median"]}
     for i, n in enumerate(cal["n"]):
-        assert cal["tau"]["dedup"][i] == pytest.approx(meas["tau"]["dedup"][i] + o[str(n)] - o["1"], rel=1e-9)
+        assert cal["tau"]["dedup"][i] == pytest.approx(meas["tau"]["dedup"][i] + o[n] - o[1], rel=1e-9)
 
 
 def test_the_score_has_no_saving_rules_on_one_kernel(chains):

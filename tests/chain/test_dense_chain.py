@@ -60,16 +60,19 @@ def test_the_dense_chain_runs_its_steps_and_the_drafts_answer(dense_run):
 
 
 def test_the_dense_prediction_is_tau1_plus_the_files_products_and_rest(dense_run):
-    """The calibrated τ̂(n) − τ̂(1) is D(n) + R_d(n) − D(1) − R_d(1), read here from the characterization
-    the chain wrote; the paper's version stays at τ_meas(1) of the base measurement's fit half."""
+    """The calibrated τ̂(n) − τ̂(1) is D(n) + R_d(n) − D(1) − R_d(1), both computed right after each of the
+    base measurement's passes and read over its fit half; the paper's version stays at τ_meas(1) of
+    that half."""
+    from moespec.costmodel.verify_times import pass_time
+
     out = dense_run[0]
     pred = artifacts.load(out / run_files.PREDICTION, "predict")["payload"]
-    char = artifacts.load(out / run_files.DENSE_CHARACTERIZATION, "characterize-dense")["payload"]
     base = artifacts.load(out / run_files.MEASUREMENT_BASE, "measure")["payload"]
     entry = pred["depths"][0]
-    tau1 = base_inputs(base, entry["depth"]).tau1
-    o = {n: char["dense"]["median"][str(n)] + char["rest"]["median"][str(entry["depth"])][str(n)] for n in (1, 2, 3)}
-    assert pred["dense"] and entry["calibrated_outside"] == "dense-ops+rest"
+    inputs = base_inputs(base, entry["depth"])
+    tau1 = inputs.tau1
+    o = {n: pass_time(inputs.beside[n]) for n in (1, 2, 3)}
+    assert pred["dense"] and entry["calibrated_outside"] == "beside-passes"
     assert entry["versions"]["prediction"]["tau"]["dedup"] == pytest.approx([tau1] * 3)
     want = [tau1 + o[n] - o[1] for n in (1, 2, 3)]
     assert entry["versions"]["calibrated"]["tau"]["dedup"] == pytest.approx(want)

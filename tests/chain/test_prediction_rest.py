@@ -83,3 +83,28 @@ def test_growth_shares_splits_the_held_out_growth_into_the_terms():
         assert g["experts"][n] == pytest.approx(mt[i] - mt[0], abs=1e-12)
         assert (g["dense"][n], g["rest"][n]) == (dense[str(n)] - dense["1"], rest[str(n)] - rest["1"])
         assert g["left"][n] == pytest.approx(g["measured"][n] - g["experts"][n] - g["dense"][n] - g["rest"][n])
+
+
+def test_terms_timed_beside_the_passes_come_before_the_characterizations_and_read_the_fit_half():
+    """A base measurement whose passes carry D(n) and R_d(n) timed right after each (llama.cpp,
+    `run_verify(outside=True)`): the calibrated o(n) is their sum over the even repetitions only
+    (the odd ones, held out for the score, carry a 1 s offset that must not reach it), "beside-passes",
+    ahead of the characterization's terms timed alone."""
+    import numpy as np
+
+    from moespec.chain.prediction import base_inputs
+    from tests.chain.test_prediction import P, R, as_json, verify_times
+
+    odd = np.arange(R) % 2  # [R]: 1 on the held-out repetitions
+    dense = {n: np.tile(2.0**-7 * n + odd, (P, 1)) for n in NS}
+    rest = {n: np.tile(2.0**-9 * n * n + odd, (P, 1)) for n in NS}
+    times = verify_times(inside=False)
+    from dataclasses import replace
+
+    measured = as_json({"model": "test", "verify": [replace(times, outside={"dense": dense, "rest": rest}).to_dict()],
+                        "h": {D: {0: 0.001, 1: 0.001, 2: 0.001}}, "h_source": "oracle-probe"})
+    char = {**characterization(), "dense": {"median": DENSE}, "rest": {"median": {str(D): REST}}}
+    o, source = outside_times(base_inputs(measured, D), char, list(NS))
+    assert source == "beside-passes"
+    assert o == {n: pytest.approx(2.0**-7 * n + 2.0**-9 * n * n, rel=1e-12) for n in NS}
+    assert predict_all(char, TRACE, measured)["depths"][0]["calibrated_outside"] == "beside-passes"

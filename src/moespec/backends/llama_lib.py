@@ -193,6 +193,9 @@ GGML_SIGNATURES = {  # name: (library, result type, argument types), as declared
     "ggml_argsort_top_k": ("base", _P, [_P, _P, _INT]),
     "ggml_new_graph_custom": ("base", _P, [_P, _SZ, _BOOL]),
     "ggml_build_forward_expand": ("base", None, [_P, _P]),
+    "ggml_backend_cpu_buffer_from_ptr": ("base", _P, [_P, _SZ]),  # these three: weights read in place (`ggml_graph`)
+    "ggml_backend_tensor_alloc": ("base", _INT, [_P, _P, _P]),
+    "ggml_backend_buffer_free": ("base", None, [_P]),
     "ggml_cpu_init": ("cpu", None, []),
     "ggml_graph_plan": ("cpu", CPlan, [_P, _INT, _P]),
     "ggml_graph_compute": ("cpu", _INT, [_P, ctypes.POINTER(CPlan)]),

@@ -60,6 +60,8 @@ class MeasureConfig:
     op_layers: tuple[int, ...] = ()
     # tokens of greedy continuation between the windows of two verify repetitions (`verify.time_passes`)
     stride: int = STRIDE
+    # llama.cpp: D(n) and R_d(n) timed right after each verify pass (`verify.run_verify`, `bench.ggml_outside`)
+    outside: bool = False
     temperature: float = 0.8
     seed: int = 0
 
@@ -241,7 +243,10 @@ def _config(model_spec: str, backend: str, *, full: bool, base: bool, knobs: dic
         if asked:
             raise ValueError(f"{asked}: llama.cpp runs one kernel, its grouped mul_mat_id ({DEDUP!r}); drop the "
                              "kernels, or measure the torch backend for the per-slot one")
-        knobs = {**knobs, **one}
+        knobs = {"outside": True, **knobs, **one}  # o(n) beside each pass unless asked not to
+    elif knobs.get("outside"):
+        raise ValueError("outside=True times a llama.cpp pass's dense products and rest beside it; a torch pass is "
+                         "split at its experts modules by itself: drop outside")
     return engine, MeasureConfig.preset(full, **(base_knobs(knobs) if base else knobs))
 
 
@@ -312,7 +317,7 @@ def _measure_parts(model, tokenizer, cfg: MeasureConfig, *, draft, draft_name: s
         common = dict(prompts=cfg.prompts, flush=flush, log=log, on_point=tick)
         verify_times = verify.run_verify(model, tokenizer, depths=cfg.depths, ns=cfg.ns, kernels=cfg.kernels,
                                          reps=cfg.reps, windows=verified, op_layers=cfg.op_layers, stride=cfg.stride,
-                                         **common)
+                                         outside=cfg.outside, **common)
         scaling = _scaling(model, tokenizer, cfg, verify_times, common)
         sweep_common = dict(prompts=cfg.prompts, reps=cfg.oracle_reps, new_tokens=cfg.new_tokens, seed=cfg.seed,
                             log=log, on_point=tick)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -38,17 +38,10 @@ from moespec.moe.experts import find_experts
 
 
 def time_passes(
-    model,
-    ids: Sequence[int],
-    depth: int,
-    ns: Iterable[int],
-    kernels: Sequence[str | None],
-    *,
-    reps: int = 5,
-    warmup: int = 1,
-    flush: Callable[[], None] | None = None,
+    model, ids: Sequence[int], depth: int, ns: Iterable[int], kernels: Sequence[str | None], *, reps: int = 5,
+    warmup: int = 1, flush: Callable[[], None] | None = None,
     between: Callable[[int, str, int], list[float]] | None = None,
-    stride: int = 0,
+    outside: Callable[..., Mapping[str, float]] | None = None, stride: int = 0,
 ) -> dict[str, dict[str, list[float]]]:
     """Seconds of `reps` passes of n tokens on one prompt prefilled to `depth`, per kernel and n.
 
@@ -58,14 +51,17 @@ def time_passes(
     with `model.set_experts_implementation` (None keeps the model's current one) and alternate call
     by call; repetitions run in rounds over every n, so a shared machine's drift falls on all pass
     sizes alike (timed n by n, one n could land on a slow minute and the verify times would not even
-    grow with n). Returns
-    {kernel: {str(n): [R]}}, keyed as JSON keeps it, so a fresh result and one read back from a
-    point log look alike.
+    grow with n). Returns {kernel: {str(n): [R]}}, keyed as JSON keeps it (a fresh result and one read
+    back from a point log look alike).
 
     between(n, kernel, start): called after each timed pass (and after each warm-up pass, its result
     dropped) with the pass's n, kernel and window start s - depth; what it returns is kept under
     "ops" as {kernel: {str(n): [R] results}}. `run_verify` times the expert operation on the pass's
     own window there, so that operation and pass share the machine's moment.
+
+    outside(n, depth, warmup=): {term: seconds} of the pass's terms outside the expert operation
+    (`ggml_outside.OutsideOfPass`), called after `between` (warm-ups: warmup=1, dropped), kept under
+    "outside" as {term: {str(n): [R]}}.
 
     "inside" ({kernel: {str(n): [R]}}, where the model has experts modules): the seconds each timed
     pass spent inside its experts modules, summed over the layers (`ModuleClock`), so the pass's
@@ -76,10 +72,12 @@ def time_passes(
     cached = _prefilled(model, ids, depth)
     names = [str(k) for k in kernels]
     out, ops, inside = ({name: {str(n): [] for n in ns} for name in names} for _ in range(3))
+    terms: dict[str, dict[str, list[float]]] = {}
     experts = find_experts(model) if isinstance(model, torch.nn.Module) else []
     clock = ModuleClock(experts) if experts else None
     with clock if clock is not None else contextlib.nullcontext():
-        _warm_up(model, cached, ids, depth, ns, kernels, flush=flush, warmup=warmup, between=between)
+        _warm_up(model, cached, ids, depth, ns, kernels, flush=flush, warmup=warmup, between=between,
+                 outside=outside)
         base = depth  # the cache's length before each pass
         for rep in range(reps):  # rounds over every n, in an order that rotates by one each round
             base = _window_at(cached, ids, base, depth + stride * rep)
@@ -91,21 +89,28 @@ def time_passes(
                         inside[name][str(n)].append(spent)
                     if between is not None:
                         ops[name][str(n)].append(between(n, name, base - depth))
+                    for term, seconds in (outside(n, depth) if outside is not None else {}).items():
+                        terms.setdefault(term, {str(m): [] for m in ns})[str(n)].append(seconds)
     cached.truncate(depth)
-    return {**out, **({"ops": ops} if between is not None else {}), **({"inside": inside} if clock is not None else {})}
+    parts = {"ops": ops if between is not None else None, "inside": inside if clock is not None else None,
+             "outside": terms if outside is not None else None}
+    return {**out, **{k: v for k, v in parts.items() if v is not None}}
 
 
 def _warm_up(model, cached, ids: torch.Tensor, depth: int, ns: Sequence[int], kernels: Sequence[str | None], *,
              flush: Callable[[], None] | None, warmup: int,
-             between: Callable[[int, str, int], list[float]] | None) -> None:
+             between: Callable[[int, str, int], list[float]] | None,
+             outside: Callable[..., Mapping[str, float]] | None = None) -> None:
     """`warmup` untimed passes of every n with every kernel at the first window, each followed by
-    `between` (its result dropped), as the timed passes will be."""
+    `between` and `outside` (their results dropped), as the timed passes will be."""
     for n in ns:
         for kernel in kernels:
             switch_kernel(model, kernel)
             _timed_extend(cached, ids[depth : depth + n], depth, flush, warmup=warmup)
             if between is not None and warmup:
                 between(n, str(kernel), 0)
+            if outside is not None and warmup:
+                outside(n, depth, warmup=1)
 
 
 def _checked_pass_sizes(ns: Iterable[int], length: int, depth: int, reps: int, stride: int) -> list[int]:
@@ -255,6 +260,7 @@ def run_verify(
     windows=None,
     op_layers: Sequence[int] = (),
     stride: int = STRIDE,
+    outside: bool = False,
 ) -> list[VerifyTimes]:
     """τ_p(n) at each depth on `prompts` built-in prompts; one logged point per (depth, prompt).
 
@@ -267,35 +273,61 @@ def run_verify(
     and the measured one share the machine's moments (a block timed minutes apart missed the
     measured saving by up to 14-21% of τ_dedup, one timed between the passes by 4-8%:
     benchmarks/interleaved_saving.py).
+    outside: on a llama.cpp target, time D(n) and R_d(n) right after each pass (`ggml_outside`;
+    `VerifyTimes.outside`); a torch pass splits itself at its experts modules instead ("inside").
     """
     ns = sorted(set(int(n) for n in ns))
+    if outside and isinstance(model, torch.nn.Module):
+        raise ValueError("outside=True times a llama.cpp pass's dense products and rest beside it; a torch pass is "
+                         "split at its experts modules by itself (\"inside\"): drop outside")
     op_layers = [int(l) for l in op_layers] if windows is not None else []
     # only passes through experts modules record "inside" (`time_passes`)
     moe = isinstance(model, torch.nn.Module) and bool(find_experts(model))
     length = continuation_length(reps, ns[-1], stride)
     if op_layers:
         _check_continuations(windows, length, reps=reps, stride=stride, n_max=ns[-1])
-    out = []
-    for depth in depths:
-        per_prompt = []
-        texts: list[list[int]] = []
-        for i in range(prompts):
-            key = {"part": "verify", "depth": depth, "prompt": i, "ns": ns, "kernels": list(kernels), "reps": reps,
-                   "text": "greedy continuation", "stride": stride}
-            between = None
-            if op_layers:
-                key["op_layers"] = op_layers
-                between = operation_timer(model, windows, f"d{depth}/p{i}", op_layers, ns, flush)
+    with _outside_timer(model, outside, ns[-1], flush) as timer:
+        return [_verify_at(model, tokenizer, depth, ns=ns, kernels=kernels, prompts=prompts, reps=reps, warmup=warmup,
+                           flush=flush, log=log, on_point=on_point, windows=windows, op_layers=op_layers,
+                           stride=stride, length=length, moe=moe, timer=timer)
+                for depth in depths]
 
-            def compute(i=i, between=between):
-                if not texts:  # decoded once per depth, only when some point of it is measured
-                    texts.extend(verified_texts(model, tokenizer, depth, prompts, length))
-                return time_passes(model, texts[i], depth, ns, kernels, reps=reps, warmup=warmup, flush=flush,
-                                   between=between, stride=stride)
 
-            per_prompt.append(logged_point(log, key, compute, on_point))
-        out.append(_stacked(depth, per_prompt, ns, kernels, op_layers=op_layers, moe=moe))
-    return out
+@contextlib.contextmanager
+def _outside_timer(model, outside: bool, n_max: int, flush):
+    """The llama.cpp target's `OutsideOfPass` when `outside`, else None; closed on exit."""
+    if not outside:
+        yield None
+        return
+    from moespec.bench.ggml_outside import OutsideOfPass
+
+    with OutsideOfPass(model.path, threads=model.threads, max_n=n_max, flush=flush) as timer:
+        yield timer
+
+
+def _verify_at(model, tokenizer, depth: int, *, ns, kernels, prompts, reps, warmup, flush, log, on_point, windows,
+               op_layers, stride, length, moe, timer) -> VerifyTimes:
+    """One depth of `run_verify`: a logged point per prompt, stacked."""
+    per_prompt = []
+    texts: list[list[int]] = []
+    for i in range(prompts):
+        key = {"part": "verify", "depth": depth, "prompt": i, "ns": ns, "kernels": list(kernels), "reps": reps,
+               "text": "greedy continuation", "stride": stride}
+        between = None
+        if op_layers:
+            key["op_layers"] = op_layers
+            between = operation_timer(model, windows, f"d{depth}/p{i}", op_layers, ns, flush)
+        if timer is not None:
+            key["outside"] = "dense+rest"
+
+        def compute(i=i, between=between):
+            if not texts:  # decoded once per depth, only when some point of it is measured
+                texts.extend(verified_texts(model, tokenizer, depth, prompts, length))
+            return time_passes(model, texts[i], depth, ns, kernels, reps=reps, warmup=warmup, flush=flush,
+                               between=between, outside=timer, stride=stride)
+
+        per_prompt.append(logged_point(log, key, compute, on_point))
+    return _stacked(depth, per_prompt, ns, kernels, op_layers=op_layers, moe=moe, outside=timer is not None)
 
 
 def _check_continuations(windows, length: int, *, reps: int, stride: int, n_max: int) -> None:
@@ -309,14 +341,16 @@ def _check_continuations(windows, length: int, *, reps: int, stride: int, n_max:
 
 
 def _stacked(depth: int, per_prompt: list[dict], ns: Sequence[int], kernels: Sequence[str], *,
-             op_layers: Sequence[int], moe: bool) -> VerifyTimes:
-    """One depth's `time_passes` results of every prompt as VerifyTimes: arrays [P, R] per kernel and n."""
-    def stack(part):  # {kernel: {n: [P, R]}} of one part of every prompt's result
-        return {str(p): {n: np.array([part(pp)[str(p)][str(n)] for pp in per_prompt]) for n in ns} for p in kernels}
+             op_layers: Sequence[int], moe: bool, outside: bool = False) -> VerifyTimes:
+    """One depth's `time_passes` results of every prompt as VerifyTimes: arrays [P, R] per kernel
+    (per term, for `outside`) and n."""
+    def stack(part, keys=kernels):  # {key: {n: [P, R]}} of one part of every prompt's result
+        return {str(p): {n: np.array([part(pp)[str(p)][str(n)] for pp in per_prompt]) for n in ns} for p in keys}
 
     return VerifyTimes(depth=depth, samples=stack(lambda pp: pp),
                        ops=stack(lambda pp: pp["ops"]) if op_layers else None, op_layers=tuple(op_layers),
-                       inside=stack(lambda pp: pp["inside"]) if moe else None)
+                       inside=stack(lambda pp: pp["inside"]) if moe else None,
+                       outside=stack(lambda pp: pp["outside"], list(per_prompt[0]["outside"])) if outside else None)
 
 
 def operation_timer(model, windows, doc_id: str, layers: Sequence[int], ns: Sequence[int],

@@ -76,8 +76,11 @@ class DemoConfig:
         return self.backend == "llama.cpp"
 
     def measure_knobs(self) -> dict[str, Any]:
-        """`measure` as the measure step takes it: on llama.cpp one kernel, llama.cpp's grouped mul_mat_id."""
-        return {**self.measure, "kernels": (DEDUP,), "oracle_kernels": (DEDUP,)} if self.llama else dict(self.measure)
+        """`measure` as the measure step takes it: on llama.cpp one kernel, llama.cpp's grouped mul_mat_id,
+        and the pass's o(n) timed beside each verify pass (`bench.ggml_outside`)."""
+        if not self.llama:
+            return dict(self.measure)
+        return {"outside": True, **self.measure, "kernels": (DEDUP,), "oracle_kernels": (DEDUP,)}
 
     @property
     def times_ops_between_passes(self) -> bool:

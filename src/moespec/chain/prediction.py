@@ -63,8 +63,9 @@ class OperationTimes:
 class BaseInputs:
     """What predict takes from the base measurement at one depth (`base_inputs`): the pass sizes,
     τ_meas(1), h(0..kmax), and where the base measurement timed them, the operation on the verified
-    windows between its passes (`ops`, over `op_layers`) and each per-slot pass's time outside its
-    experts modules (`slot_outside`, {n: samples})."""
+    windows between its passes (`ops`, over `op_layers`), each per-slot pass's time outside its
+    experts modules (`slot_outside`, {n: samples}: torch), and on llama.cpp D(n) + R_d(n) timed right
+    after each pass (`beside`, {n: samples})."""
 
     depth: int
     ns: list[int]
@@ -73,6 +74,7 @@ class BaseInputs:
     ops: OperationTimes | None = None
     op_layers: list[int] | None = None
     slot_outside: Mapping[int, np.ndarray] | None = None
+    beside: Mapping[int, np.ndarray] | None = None
 
 
 def payload_of(source: str | Path | Mapping[str, Any], kind: str, needs: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -160,7 +162,7 @@ def repetition_half(times: VerifyTimes, half: str) -> VerifyTimes:
     verifies a window stride*r tokens in, so the two halves time different windows."""
     if half not in ("fit", "holdout"):
         raise ValueError(f"half={half!r}; choose 'fit' or 'holdout'")
-    groups = [g for g in (times.samples, times.ops, times.inside) if g]
+    groups = [g for g in (times.samples, times.ops, times.inside, times.outside) if g]
     reps = min(a.shape[1] for g in groups for by_n in g.values() for a in by_n.values())
     if reps < 2:
         raise ValueError(f"the verify times at depth {times.depth} hold {reps} repetition(s) per prompt; measure "
@@ -170,7 +172,8 @@ def repetition_half(times: VerifyTimes, half: str) -> VerifyTimes:
     def pick(g):  # {kernel: {n: [P, R, ...]}} -> every second repetition from `start`; None stays None
         return {p: {n: a[:, start::2] for n, a in by_n.items()} for p, by_n in g.items()} if g else g
 
-    return replace(times, samples=pick(times.samples), ops=pick(times.ops), inside=pick(times.inside))
+    return replace(times, samples=pick(times.samples), ops=pick(times.ops), inside=pick(times.inside),
+                   outside=pick(times.outside))
 
 
 def verify_times_at(measurement: Mapping[str, Any], depth: int | None) -> VerifyTimes:
@@ -205,21 +208,27 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
         op_layers = list(times.op_layers)
     if times.inside and SLOT in times.inside:  # pass by pass: the time outside the operation (`outside_times`)
         outside = {n: times.samples[SLOT][n] - times.inside[SLOT][n] for n in times.ns}
+    beside = times.outside_samples() if times.outside else None  # llama.cpp: D(n) + R_d(n) right after each pass
     return BaseInputs(depth=times.depth, ns=list(times.ns), tau1=times.tau_meas_1,
-                      h=[float(json_get(h, k)) for k in ks], ops=ops, op_layers=op_layers, slot_outside=outside)
+                      h=[float(json_get(h, k)) for k in ks], ops=ops, op_layers=op_layers, slot_outside=outside,
+                      beside=beside)
 
 
 def outside_times(base: BaseInputs, char: Mapping[str, Any], ns: list[int]) -> tuple[dict[int, float], str]:
     """(o(n), where it comes from): on torch, over the per-slot verify passes, each pass's time minus
     its time inside the experts modules, summarized as the verify times are
     (`costmodel.verify_times.pass_time`), "passes"; on llama.cpp, whose graph has no such split, the
-    characterization's D(n), the file's dense products timed alone (`bench.ggml_dense_op`), plus
-    R_d(n), the rest of the pass at the base measurement's depth d (`bench.ggml_rest_op`) where it
-    was timed there, "dense-ops+rest", else D(n) alone, "dense-ops": o(n) up to a constant, which
-    g(n) = o(n) − o(1) drops."""
+    file's dense products D(n) (`bench.ggml_dense_op`) plus R_d(n), the rest of the pass at the base
+    measurement's depth d (`bench.ggml_rest_op`): timed right after each of the base measurement's
+    passes where it did (`bench.ggml_outside`), summarized as the passes are, "beside-passes"; else
+    the characterization's, timed alone, "dense-ops+rest", or D(n) alone, "dense-ops". o(n) up to a
+    constant, which g(n) = o(n) − o(1) drops."""
     split = base.slot_outside or {}
     if set(ns) <= set(split):
         return {n: pass_time(split[n]) for n in ns}, "passes"
+    beside = base.beside or {}
+    if set(ns) <= set(beside):
+        return {n: pass_time(beside[n]) for n in ns}, "beside-passes"
     dense = (char.get("dense") or {}).get("median", {})
     if {str(n) for n in ns} <= set(dense):
         rest = rest_at(char, base.depth)

@@ -101,6 +101,9 @@ class VerifyTimes:
     seconds on each pass's own window, shaped [P, R, L] over `op_layers`, each taken right after
     its pass. inside[kernel][n], where recorded, holds the seconds each pass spent inside its experts
     modules, summed over the layers, shaped [P, R] like the samples (`time_passes`).
+    outside[term][n], where timed (a llama.cpp target, `run_verify(outside=True)`), holds the
+    seconds of each term of the pass outside its expert operation ("dense": D(n), "rest": R_d(n),
+    `bench.ggml_outside`) computed right after each pass, shaped [P, R].
     """
 
     depth: int
@@ -108,6 +111,7 @@ class VerifyTimes:
     ops: dict[str, dict[int, np.ndarray]] | None = None
     op_layers: tuple[int, ...] = ()
     inside: dict[str, dict[int, np.ndarray]] | None = None
+    outside: dict[str, dict[int, np.ndarray]] | None = None
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -135,6 +139,12 @@ class VerifyTimes:
                              "verified windows and op_layers")
         return {n: np.median(s, axis=1).mean(axis=0) for n, s in sorted(self.ops[kernel].items())}
 
+    def outside_samples(self) -> dict[int, np.ndarray]:
+        """o(n) of each pass, the sum of its outside terms timed right after it: {n: [P, R]} seconds."""
+        if not self.outside:
+            raise ValueError(f"no outside times at depth {self.depth}; run_verify(outside=True) times them on llama.cpp")
+        return {n: sum(by_n[n] for by_n in self.outside.values()) for n in self.ns}
+
     def savings(self, *, resamples: int = 2000, seed: int = 0) -> list[Saving]:
         """S(n) with its 95% bootstrap interval at every measured n; empty unless both kernels ran."""
         if not (SLOT in self.samples and DEDUP in self.samples):
@@ -160,14 +170,17 @@ class VerifyTimes:
                if self.ops else {}),
             **({"inside": {p: {str(n): s.tolist() for n, s in sorted(ns.items())} for p, ns in self.inside.items()}}
                if self.inside else {}),
+            **({"outside": {t: {str(n): s.tolist() for n, s in sorted(ns.items())} for t, ns in self.outside.items()}}
+               if self.outside else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "VerifyTimes":
         ops = {p: _as_samples(v) for p, v in d["ops"].items()} if d.get("ops") else None
         inside = {p: _as_samples(v) for p, v in d["inside"].items()} if d.get("inside") else None
+        outside = {t: _as_samples(v) for t, v in d["outside"].items()} if d.get("outside") else None
         return cls(depth=int(d["depth"]), samples={p: _as_samples(v) for p, v in d["samples"].items()}, ops=ops,
-                   op_layers=tuple(int(l) for l in d.get("op_layers", ())), inside=inside)
+                   op_layers=tuple(int(l) for l in d.get("op_layers", ())), inside=inside, outside=outside)
 
 
 @dataclass(frozen=True)
