@@ -73,8 +73,9 @@ def test_one_compute_of_each_term_per_call_on_a_fake_clock(converted, monkeypatc
 
 
 def test_time_passes_keeps_each_terms_time_right_after_its_pass():
-    """`outside` runs after each timed pass (after `between`) with the pass's n and depth, once per
-    warm-up pass with warmup=1; its terms come back per n, one sample per pass."""
+    """`outside` runs after each timed pass of the even repetitions (after `between`) with the pass's
+    n and depth, once per warm-up pass with warmup=1; its terms come back per n, one sample per such
+    pass; the odd repetitions' passes are followed by `between` alone."""
     from moespec.bench.verify import time_passes
     from moespec.kernel_names import DEDUP
     from tests.bench.test_verify import _watch_passes, build
@@ -87,15 +88,17 @@ def test_time_passes_keeps_each_terms_time_right_after_its_pass():
         events.append(("outside", n, depth, warmup))
         return {"dense": n / 4, "rest": depth / 64}
 
-    out = time_passes(model, tok.encode("x" * 40, add_bos=True), 16, [1, 2, 3], [DEDUP], reps=2, warmup=1,
+    out = time_passes(model, tok.encode("x" * 40, add_bos=True), 16, [1, 2, 3], [DEDUP], reps=3, warmup=1,
                       outside=outside, between=lambda n, k, s: events.append(("between", n)) or [0.0])
     assert out["outside"] == {"dense": {str(n): [n / 4] * 2 for n in (1, 2, 3)},
                               "rest": {str(n): [0.25] * 2 for n in (1, 2, 3)}}
     warm = [e for e in events if e[0] == "outside" and e[3] == 1]
     assert [e[1] for e in warm] == [1, 2, 3]
     timed = [e for e in events[events.index(warm[-1]) + 1:]]
-    assert [e[0] for e in timed] == ["pass", "between", "outside"] * 6
-    assert all(p[1] == o[1] and o[2] == 16 and o[3] == 0 for p, o in zip(timed[::3], timed[2::3]))
+    rounds = [["pass", "between", "outside"] * 3, ["pass", "between"] * 3, ["pass", "between", "outside"] * 3]
+    assert [e[0] for e in timed] == [kind for r in rounds for kind in r]
+    first = timed[:9]
+    assert all(p[1] == o[1] and o[2] == 16 and o[3] == 0 for p, o in zip(first[::3], first[2::3]))
 
 
 def test_outside_is_refused_on_torch(tmp_path):
@@ -108,3 +111,36 @@ def test_outside_is_refused_on_torch(tmp_path):
         run_verify(model, tok, depths=(16,), ns=(1, 2), outside=True)
     with pytest.raises(ValueError, match="drop outside"):
         measure("synthetic:olmoe-tiny", out=tmp_path / "m.json", outside=True, progress=False)
+
+
+def test_the_window_timer_reads_each_passs_own_rows_on_a_fake_clock(converted, monkeypatch):
+    """llama.cpp's expert operation after each pass (`WindowTimer`): one call per layer on rows
+    [start, start + n) of the document, grouped for the deduplicating kernel, per slot for the other,
+    each call's time exact on a fake clock (2^-10 s per row), the flush before each."""
+    from moespec.bench.ggml_expert_op import WindowTimer
+    from moespec.kernel_names import DEDUP, SLOT
+
+    clock = FakeClock().install(monkeypatch, timing)
+    monkeypatch.setattr(ggml_graph.Plan, "compute", lambda plan: clock.advance(plan.n / 1024))
+    seen = []
+    prepare = ExpertLayer.prepare
+
+    def spy(layer, ids, *, grouped=True, seed=0):
+        seen.append((layer.layer, ids.tolist(), grouped))
+        return prepare(layer, ids, grouped=grouped, seed=seed)
+
+    monkeypatch.setattr(ExpertLayer, "prepare", spy)
+    path = converted["olmoe"]["q8_0"]
+    blocks = gguf_info.expert_layers(path)
+    m = ExpertLayer(path, blocks[0], threads=1).top_k
+    doc = np.random.default_rng(0).integers(0, 8, size=(12, len(blocks), m))  # [T, L, m]
+    flushes = []
+    with WindowTimer(path, [0, len(blocks) - 1], threads=1, flush=lambda: flushes.append(1)) as timer:
+        timed = timer.for_document(doc)
+        assert timed(3, DEDUP, 4) == [3 / 1024] * 2
+        assert timed(2, SLOT, 0) == [2 / 1024] * 2
+        with pytest.raises(ValueError, match="record it longer"):
+            timed(3, DEDUP, 10)
+    assert seen == [(blocks[0], doc[4:7, 0].tolist(), True), (blocks[-1], doc[4:7, -1].tolist(), True),
+                    (blocks[0], doc[0:2, 0].tolist(), False), (blocks[-1], doc[0:2, -1].tolist(), False)]
+    assert len(flushes) == 4

@@ -101,13 +101,18 @@ def test_the_characterization_times_both_reads_through_ggml(chains):
     b = gguf_info.expert_bytes(gguf)[0]
     assert {p["b"] for p in char["points"]} == {b}
     assert all(p["timing"]["median"] > 0 for p in char["points"])
-    # the verify passes' own windows (llama.cpp's routing of the greedy continuation) are timed too, and
-    # the measured-time version reads them rather than the corpus's (cost-model paper, Sec. 4)
+    # the verify passes' own windows (llama.cpp's routing of the greedy continuation) are timed too: by
+    # the characterization (both kernels) and, llama.cpp's grouped one, right after each verify pass;
+    # the measured-time version reads those (cost-model paper, Sec. 4)
     verified = RoutingTrace.load(out / "llama.cpp" / "verified.parquet")
     assert verified.model_fingerprint == gguf_info.fingerprint(gguf)
     assert {"recorded", "verified"} <= {p["source"] for p in char["points"]}
+    base = _payload(out / "llama.cpp", "measurement-base.json", "measure")["verify"][0]
+    assert set(base["ops"]) == {"moespec_dedup"} and base["op_layers"] == char["layers"]
+    assert all(np.array(t).shape == np.array(base["samples"]["moespec_dedup"][n]).shape + (len(char["layers"]),)
+               and np.min(t) > 0 for n, t in base["ops"]["moespec_dedup"].items())
     pred = _payload(out / "llama.cpp", "prediction.json", "predict")["depths"][0]
-    assert pred["measured_time_windows"] == "verified"
+    assert pred["measured_time_windows"] == "between-passes"
 
 
 def _union(doc: np.ndarray, n: int, layer: int) -> list[int]:
@@ -170,8 +175,8 @@ def test_the_calibrated_version_adds_the_growth_of_the_terms_timed_beside_the_pa
     times = verify_times_at(base, depth["depth"])
     samples = times.samples["moespec_dedup"]
     assert set(times.outside) == {"dense", "rest"}
-    assert all(times.outside[t][n].shape == samples[n].shape and (times.outside[t][n] > 0).all()
-               for t in times.outside for n in times.ns)
+    assert all(times.outside[t][n].shape == samples[n][:, 0::2].shape and (times.outside[t][n] > 0).all()
+               for t in times.outside for n in times.ns)  # after the passes of the even repetitions
     fit = repetition_half(times, "fit").outside_samples()
     o = {n: pass_time(fit[n]) for n in times.ns}
     cal, meas = depth["versions"]["calibrated"], depth["versions"]["measured-time"]

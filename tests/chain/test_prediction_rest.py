@@ -86,18 +86,18 @@ def test_growth_shares_splits_the_held_out_growth_into_the_terms():
 
 
 def test_terms_timed_beside_the_passes_come_before_the_characterizations_and_read_the_fit_half():
-    """A base measurement whose passes carry D(n) and R_d(n) timed right after each (llama.cpp,
-    `run_verify(outside=True)`): the calibrated o(n) is their sum over the even repetitions only
-    (the odd ones, held out for the score, carry a 1 s offset that must not reach it), "beside-passes",
-    ahead of the characterization's terms timed alone."""
+    """A base measurement whose passes of the even repetitions carry D(n) and R_d(n) timed right after
+    each (llama.cpp, `run_verify(outside=True)`): the calibrated o(n) is their sum, summarized as the
+    passes are (each prompt's median, averaged), "beside-passes", ahead of the characterization's
+    terms timed alone; the held-out half carries none."""
     import numpy as np
 
-    from moespec.chain.prediction import base_inputs
+    from moespec.chain.prediction import base_inputs, repetition_half
     from tests.chain.test_prediction import P, R, as_json, verify_times
 
-    odd = np.arange(R) % 2  # [R]: 1 on the held-out repetitions
-    dense = {n: np.tile(2.0**-7 * n + odd, (P, 1)) for n in NS}
-    rest = {n: np.tile(2.0**-9 * n * n + odd, (P, 1)) for n in NS}
+    prompt = np.arange(P)[:, None] * 2.0**-6  # [P, 1]: prompt p's terms p/64 s slower
+    dense = {n: np.tile(2.0**-7 * n, (P, R // 2)) + prompt for n in NS}
+    rest = {n: np.tile(2.0**-9 * n * n, (P, R // 2)) for n in NS}
     times = verify_times(inside=False)
     from dataclasses import replace
 
@@ -106,5 +106,7 @@ def test_terms_timed_beside_the_passes_come_before_the_characterizations_and_rea
     char = {**characterization(), "dense": {"median": DENSE}, "rest": {"median": {str(D): REST}}}
     o, source = outside_times(base_inputs(measured, D), char, list(NS))
     assert source == "beside-passes"
-    assert o == {n: pytest.approx(2.0**-7 * n + 2.0**-9 * n * n, rel=1e-12) for n in NS}
+    mean_offset = (P - 1) / 2 * 2.0**-6
+    assert o == {n: pytest.approx(2.0**-7 * n + 2.0**-9 * n * n + mean_offset, rel=1e-12) for n in NS}
+    assert repetition_half(replace(times, outside={"dense": dense, "rest": rest}), "holdout").outside is None
     assert predict_all(char, TRACE, measured)["depths"][0]["calibrated_outside"] == "beside-passes"

@@ -268,7 +268,7 @@ def gguf_outside(path: str, ns: Sequence[int], depths: Sequence[int], threads: i
     found = {"dense": dense_times(path, ns, threads, **timing)}
     if depths:
         found["rest"] = rest_times(path, ns, depths, threads, **timing)
-    gguf_info.forget()  # its tensors are copied and timed: unmap the file's pages read to copy them
+    gguf_info.forget()  # timed: drop the cached reader (an owner still reading a tensor in place keeps its map)
     return found
 
 

@@ -15,7 +15,8 @@ holds (`models.gguf_info.layout`):
     out = sum over the m slots of (down * weights)         (views and adds, as llama.cpp does)
 
 and runs them with the same ggml-cpu kernels and thread count as the model, on the layer's expert
-tensors copied byte for byte from the file (f32, f16, q8_0, q4_K ...: never dequantized). No
+tensors read in place from the file's map (`ggml_graph.GraphOwner`; f32, f16, q8_0, q4_K ...: never
+dequantized). No
 attention, no router, no shared expert (a dense product, `ggml_dense_op`): ids [n, m] and routing
 weights [n, m] are inputs.
 
@@ -30,7 +31,7 @@ Two kernels, in the paper's terms:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -209,3 +210,49 @@ class _Pass(Plan):
     def read(self) -> np.ndarray:
         """[n, H] f32: the outputs of the last compute, copied."""
         return np.concatenate([read_f32(p, (self.rows, self.hidden)) for p in self.outputs])
+
+
+class WindowTimer:
+    """llama.cpp's expert operation of some MoE layers (indices into `gguf_info.expert_layers`) timed on
+    the verified windows right after each verify pass, the ggml counterpart of
+    `verify.operation_timer`: `for_document(doc)` gives f(n, kernel, start) -> [L] seconds, one timed
+    call per layer on rows [start, start + n) of the document's routing, `flush` before each. The
+    per-slot kernel runs n one-token reads, the deduplicating one llama.cpp's grouped `mul_mat_id`
+    (`ExpertLayer`). close() frees the layers."""
+
+    def __init__(self, gguf_path: str | Path, layers: Sequence[int], *, threads: int,
+                 flush: Callable[[], None] | None = None):
+        blocks = gguf_info.expert_layers(gguf_path)
+        self.flush, self.layers = flush, {}
+        try:
+            for l in layers:
+                self.layers[int(l)] = ExpertLayer(gguf_path, blocks[int(l)], threads=threads)
+        except BaseException:
+            self.close()
+            raise
+
+    def for_document(self, doc: np.ndarray) -> Callable[[int, str, int], list[float]]:
+        """doc: one verified continuation's routing [T, L, m]."""
+        from moespec.bench.timing import measure
+        from moespec.kernel_names import COST_DEDUP, TO_COST
+
+        def timed(n: int, kernel: str, start: int = 0) -> list[float]:
+            if start + n > doc.shape[0]:
+                raise ValueError(f"the verified continuation has {doc.shape[0]} tokens, the pass reads "
+                                 f"[{start}, {start + n}); record it longer (`moespec trace-verified`)")
+            grouped = TO_COST[kernel] == COST_DEDUP
+            return [measure(layer.prepare(np.asarray(doc[start:start + n, l]), grouped=grouped), reps=1, warmup=0,
+                            flush=self.flush, device="cpu").samples[0]
+                    for l, layer in self.layers.items()]
+
+        return timed
+
+    def close(self) -> None:
+        for layer in self.layers.values():
+            layer.close()
+
+    def __enter__(self) -> "WindowTimer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -184,7 +184,7 @@ class GraphOwner:
         self._graphs = {}
         if self._buffer:  # a buffer over foreign memory: freeing it frees nothing of the map
             self._g.ggml_backend_buffer_free(self._buffer)
-            self._buffer = None
+            self._buffer, self._pages = None, []  # the map may close once no tensor reads it
         if self._ctx:
             self._g.ggml_free(self._ctx)
             self._ctx = None

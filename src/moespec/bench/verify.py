@@ -60,8 +60,8 @@ def time_passes(
     own window there, so that operation and pass share the machine's moment.
 
     outside(n, depth, warmup=): {term: seconds} of the pass's terms outside the expert operation
-    (`ggml_outside.OutsideOfPass`), called after `between` (warm-ups: warmup=1, dropped), kept under
-    "outside" as {term: {str(n): [R]}}.
+    (`ggml_outside.OutsideOfPass`), called after `between` on the even repetitions only (the half
+    `predict` reads; warm-ups: warmup=1, dropped), kept under "outside" as {term: {str(n): [ceil(R/2)]}}.
 
     "inside" ({kernel: {str(n): [R]}}, where the model has experts modules): the seconds each timed
     pass spent inside its experts modules, summed over the layers (`ModuleClock`), so the pass's
@@ -89,7 +89,7 @@ def time_passes(
                         inside[name][str(n)].append(spent)
                     if between is not None:
                         ops[name][str(n)].append(between(n, name, base - depth))
-                    for term, seconds in (outside(n, depth) if outside is not None else {}).items():
+                    for term, seconds in (outside(n, depth) if outside is not None and rep % 2 == 0 else {}).items():
                         terms.setdefault(term, {str(m): [] for m in ns})[str(n)].append(seconds)
     cached.truncate(depth)
     parts = {"ops": ops if between is not None else None, "inside": inside if clock is not None else None,
@@ -286,9 +286,10 @@ def run_verify(
     length = continuation_length(reps, ns[-1], stride)
     if op_layers:
         _check_continuations(windows, length, reps=reps, stride=stride, n_max=ns[-1])
-    with _outside_timer(model, outside, ns[-1], flush) as timer:
+    with _outside_timer(model, outside, ns[-1], flush) as timer, \
+            _operation_timers(model, windows, op_layers, ns, flush) as op_timer:
         return [_verify_at(model, tokenizer, depth, ns=ns, kernels=kernels, prompts=prompts, reps=reps, warmup=warmup,
-                           flush=flush, log=log, on_point=on_point, windows=windows, op_layers=op_layers,
+                           flush=flush, log=log, on_point=on_point, op_timer=op_timer, op_layers=op_layers,
                            stride=stride, length=length, moe=moe, timer=timer)
                 for depth in depths]
 
@@ -305,7 +306,31 @@ def _outside_timer(model, outside: bool, n_max: int, flush):
         yield timer
 
 
-def _verify_at(model, tokenizer, depth: int, *, ns, kernels, prompts, reps, warmup, flush, log, on_point, windows,
+@contextlib.contextmanager
+def _operation_timers(model, windows, op_layers: Sequence[int], ns: Sequence[int], flush):
+    """doc_id -> the `between` of that verified continuation's passes (None without op_layers): the
+    torch module's experts (`operation_timer`), or llama.cpp's on the file (`ggml_expert_op.WindowTimer`)."""
+    if not op_layers:
+        yield None
+        return
+    if isinstance(model, torch.nn.Module):
+        yield lambda doc_id: operation_timer(model, windows, doc_id, op_layers, ns, flush)
+        return
+    from moespec.bench.ggml_expert_op import WindowTimer
+
+    with WindowTimer(model.path, op_layers, threads=model.threads, flush=flush) as timer:
+        yield lambda doc_id: timer.for_document(_document(windows, doc_id))
+
+
+def _document(windows, doc_id: str) -> np.ndarray:
+    """The verified continuation `doc_id`'s routing [T, L, m], else a ValueError naming the fix."""
+    if doc_id not in windows.doc_ids:
+        raise ValueError(f"the verified windows have no document {doc_id!r} (they have {list(windows.doc_ids)}); "
+                         "record them with verify.verified_routing at the same depths and prompts")
+    return windows.documents[list(windows.doc_ids).index(doc_id)]
+
+
+def _verify_at(model, tokenizer, depth: int, *, ns, kernels, prompts, reps, warmup, flush, log, on_point, op_timer,
                op_layers, stride, length, moe, timer) -> VerifyTimes:
     """One depth of `run_verify`: a logged point per prompt, stacked."""
     per_prompt = []
@@ -316,7 +341,7 @@ def _verify_at(model, tokenizer, depth: int, *, ns, kernels, prompts, reps, warm
         between = None
         if op_layers:
             key["op_layers"] = op_layers
-            between = operation_timer(model, windows, f"d{depth}/p{i}", op_layers, ns, flush)
+            between = op_timer(f"d{depth}/p{i}")
         if timer is not None:
             key["outside"] = "dense+rest"
 
@@ -360,10 +385,7 @@ def operation_timer(model, windows, doc_id: str, layers: Sequence[int], ns: Sequ
     one timed call each, flushed before."""
     from moespec.bench import expert_op
 
-    if doc_id not in windows.doc_ids:
-        raise ValueError(f"the verified windows have no document {doc_id!r} (they have {list(windows.doc_ids)}); "
-                         "record them with verify.verified_routing at the same depths and prompts")
-    doc = windows.documents[list(windows.doc_ids).index(doc_id)]  # [T, L, m]
+    doc = _document(windows, doc_id)  # [T, L, m]
     experts = {l: expert_op.layer_experts(model, l) for l in layers}
     param = next(experts[layers[0]].parameters())
     hidden = param.shape[1] if getattr(experts[layers[0]], "is_transposed", False) else param.shape[-1]

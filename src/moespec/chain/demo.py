@@ -122,8 +122,9 @@ def torch_steps(config: DemoConfig, out: Path, progress: bool) -> list[Step]:
 def llama_steps(config: DemoConfig, target: Target, out: Path, progress: bool) -> list[Step]:
     """The chain's first steps on llama.cpp: the routing llama.cpp computes for the file and for the
     text its verify passes verify, the characterization of ggml's expert operation on the file's
-    tensors at both (each opens the file itself; the measured-time version reads the verified windows'
-    times, llama.cpp's pass having no split at its experts to time them between passes)."""
+    tensors at both (each opens the file itself). The base measurement times the verified windows'
+    grouped operation between its passes; the characterization times them too, for the per-slot
+    kernel that llama.cpp's passes do not run."""
     from moespec.chain.llama_inputs import record_gguf_routing, record_gguf_verified
 
     p, m = out.joinpath, measure_config(config)

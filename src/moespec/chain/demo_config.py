@@ -84,9 +84,10 @@ class DemoConfig:
 
     @property
     def times_ops_between_passes(self) -> bool:
-        """Whether the verify phase times the characterized layers' operation between its passes
-        (torch only: llama.cpp's chain has no verified windows)."""
-        return self.ops_between_passes and not self.llama
+        """Whether the verify phase times the characterized layers' operation between its passes (on
+        llama.cpp its grouped kernel, `ggml_expert_op.WindowTimer`; the characterization still times the
+        verified windows there, for the per-slot kernel llama.cpp's passes do not run)."""
+        return self.ops_between_passes
 
     @classmethod
     def demo(cls, **overrides) -> "DemoConfig":

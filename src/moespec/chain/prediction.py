@@ -71,7 +71,7 @@ class BaseInputs:
     ns: list[int]
     tau1: float
     h: list[float]
-    ops: OperationTimes | None = None
+    ops: Mapping[str, Mapping[int, list[float]]] | None = None  # {cost kernel: {n: [L]}}, the kernels the passes ran
     op_layers: list[int] | None = None
     slot_outside: Mapping[int, np.ndarray] | None = None
     beside: Mapping[int, np.ndarray] | None = None
@@ -158,11 +158,12 @@ def _measured_times(char: Mapping[str, Any], source: list[int], ns: list[int], d
 
 def repetition_half(times: VerifyTimes, half: str) -> VerifyTimes:
     """The even-numbered repetitions r = 0, 2, ... ("fit": what predict reads) or the odd-numbered
-    ones ("holdout": what score checks against) of every sample, op and inside array. Repetition r
-    verifies a window stride*r tokens in, so the two halves time different windows."""
+    ones ("holdout": what score checks against) of every sample, op and inside array; the outside
+    terms, timed after the even ones only, go with "fit". Repetition r verifies a window stride*r
+    tokens in, so the two halves time different windows."""
     if half not in ("fit", "holdout"):
         raise ValueError(f"half={half!r}; choose 'fit' or 'holdout'")
-    groups = [g for g in (times.samples, times.ops, times.inside, times.outside) if g]
+    groups = [g for g in (times.samples, times.ops, times.inside) if g]
     reps = min(a.shape[1] for g in groups for by_n in g.values() for a in by_n.values())
     if reps < 2:
         raise ValueError(f"the verify times at depth {times.depth} hold {reps} repetition(s) per prompt; measure "
@@ -172,8 +173,9 @@ def repetition_half(times: VerifyTimes, half: str) -> VerifyTimes:
     def pick(g):  # {kernel: {n: [P, R, ...]}} -> every second repetition from `start`; None stays None
         return {p: {n: a[:, start::2] for n, a in by_n.items()} for p, by_n in g.items()} if g else g
 
+    # the terms timed beside the passes were timed after the even repetitions only (`time_passes`)
     return replace(times, samples=pick(times.samples), ops=pick(times.ops), inside=pick(times.inside),
-                   outside=pick(times.outside))
+                   outside=times.outside if half == "fit" else None)
 
 
 def verify_times_at(measurement: Mapping[str, Any], depth: int | None) -> VerifyTimes:
@@ -203,8 +205,8 @@ def base_inputs(measurement_base: Mapping[str, Any], depth: int | None = None) -
         raise ValueError(f"h(k) at depth {times.depth} has k = {ks}; give every k = 0..kmax")
     ops = op_layers = outside = None
     if times.ops:  # the verified windows' operation, timed between the verify passes
-        ops = OperationTimes({p: {n: t.tolist() for n, t in times.op_times(TO_ENGINE[p]).items()}
-                              for p in COST_KERNELS})
+        ops = {p: {n: t.tolist() for n, t in times.op_times(TO_ENGINE[p]).items()}
+               for p in COST_KERNELS if TO_ENGINE[p] in times.ops}
         op_layers = list(times.op_layers)
     if times.inside and SLOT in times.inside:  # pass by pass: the time outside the operation (`outside_times`)
         outside = {n: times.samples[SLOT][n] - times.inside[SLOT][n] for n in times.ns}
@@ -247,27 +249,32 @@ def rest_at(char: Mapping[str, Any], depth: int) -> dict[str, float]:
     return dict(((char.get("rest") or {}).get("median") or {}).get(str(depth)) or {})
 
 
-def _between_passes(base: BaseInputs, source: list[int], ns: list[int]) -> OperationTimes | None:
+def _between_passes(base: BaseInputs, source: list[int], ns: list[int]) -> dict[str, dict[int, list[float]]]:
     """The base measurement's operation times on the verified windows, timed between its passes, of
-    the source layers, where it has them for every source layer and n."""
-    ops, layers = base.ops, base.op_layers or []
-    if ops is None or not set(source) <= set(layers) or not set(ns) <= set(ops.at(COST_SLOT)):
-        return None
+    the source layers, {cost kernel: {n: [L]}} for each kernel the passes ran with times for every
+    source layer and n (llama.cpp runs one kernel: one entry); empty where there are none."""
+    ops, layers = base.ops or {}, base.op_layers or []
+    if not set(source) <= set(layers):
+        return {}
     pick = [layers.index(c) for c in source]
-    return OperationTimes({p: {n: [ops.at(p)[n][i] for i in pick] for n in (ns if p == COST_SLOT else ns[1:])}
-                           for p in COST_KERNELS})
+    return {p: {n: [ops[p][n][i] for i in pick] for n in (ns if p == COST_SLOT else ns[1:])}
+            for p in ops if set(ns if p == COST_SLOT else ns[1:]) <= set(ops[p])}
 
 
 def _measured_inputs(char: Mapping[str, Any], trace: RoutingTrace, base: BaseInputs,
                      ns: list[int]) -> tuple[OperationTimes, WindowSource]:
     """The measured-time version's operation times, and where they come from: timed between the
-    base measurement's passes where it did, else by the characterization."""
+    base measurement's passes where it did; a kernel the passes did not run (llama.cpp runs only the
+    deduplicating one), and everything where nothing was timed between them, by the characterization."""
     source = nearest_layers(char["layers"], trace.num_layers)
     between = _between_passes(base, source, ns)
-    if between:
-        return between, WindowSource.BETWEEN_PASSES
+    if set(between) == set(COST_KERNELS):
+        return OperationTimes(between), WindowSource.BETWEEN_PASSES
     kind = windows_source(char, base.depth)
-    return _measured_times(char, source, ns, base.depth, kind), kind
+    timed = _measured_times(char, source, ns, base.depth, kind)
+    if between:
+        return OperationTimes({**timed.by_kernel, **between}), WindowSource.BETWEEN_PASSES
+    return timed, kind
 
 
 def _fit_times(char: Mapping[str, Any], trace: RoutingTrace, ns: list[int]) -> OperationTimes:

@@ -103,7 +103,8 @@ class VerifyTimes:
     modules, summed over the layers, shaped [P, R] like the samples (`time_passes`).
     outside[term][n], where timed (a llama.cpp target, `run_verify(outside=True)`), holds the
     seconds of each term of the pass outside its expert operation ("dense": D(n), "rest": R_d(n),
-    `bench.ggml_outside`) computed right after each pass, shaped [P, R].
+    `bench.ggml_outside`) computed right after each pass of the even repetitions (the half that
+    `chain.prediction` reads), shaped [P, ceil(R/2)].
     """
 
     depth: int
@@ -143,7 +144,7 @@ class VerifyTimes:
         """o(n) of each pass, the sum of its outside terms timed right after it: {n: [P, R]} seconds."""
         if not self.outside:
             raise ValueError(f"no outside times at depth {self.depth}; run_verify(outside=True) times them on llama.cpp")
-        return {n: sum(by_n[n] for by_n in self.outside.values()) for n in self.ns}
+        return {n: sum(by_n[n] for by_n in self.outside.values()) for n in self.ns}  # [P, ceil(R/2)]
 
     def savings(self, *, resamples: int = 2000, seed: int = 0) -> list[Saving]:
         """S(n) with its 95% bootstrap interval at every measured n; empty unless both kernels ran."""

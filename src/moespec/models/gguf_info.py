@@ -61,7 +61,8 @@ def reader(path: str | Path):
 def forget() -> None:
     """Close every cached reader. A reader maps its whole file, and the pages of every tensor read
     through it stay in the process's resident memory while it is open (a characterization reads a 7B
-    file's expert and dense tensors: about 1 GB), so the chain closes them once it has copied them."""
+    file's expert and dense tensors: about 1 GB), so the chain closes them once its steps are done (a
+    `ggml_graph.GraphOwner` keeps the map of the tensors it reads in place open by itself)."""
     _reader.cache_clear()
 
 
