@@ -6,6 +6,10 @@ thread samples both from /proc/self/status every `interval` seconds and keeps ea
 kernel's own peak (VmHWM, reset at the start through /proc/self/clear_refs where the kernel allows
 it) bounds their sum from above between two samples. Sampling rather than VmHWM alone, because VmHWM
 does not say which kind of page it counted. Elsewhere than Linux the fields are None.
+
+RssFile counts a page once per mapping: where one process maps a file twice (llama.cpp's map of a
+GGUF file, and the map through which the base measurement's ggml graphs read some of its tensors
+in place, `bench.ggml_graph`), those tensors' pages count twice here though memory holds them once.
 """
 
 from __future__ import annotations
