@@ -251,30 +251,39 @@ def rest_at(char: Mapping[str, Any], depth: int) -> dict[str, float]:
 
 def _between_passes(base: BaseInputs, source: list[int], ns: list[int]) -> dict[str, dict[int, list[float]]]:
     """The base measurement's operation times on the verified windows, timed between its passes, of
-    the source layers, {cost kernel: {n: [L]}} for each kernel the passes ran with times for every
-    source layer and n (llama.cpp runs one kernel: one entry); empty where there are none."""
+    the source layers, {cost kernel: {n: [L]}} at every n for each kernel the passes ran with times
+    for every source layer and n (llama.cpp runs one kernel: one entry); empty where there are none."""
     ops, layers = base.ops or {}, base.op_layers or []
     if not set(source) <= set(layers):
         return {}
     pick = [layers.index(c) for c in source]
-    return {p: {n: [ops[p][n][i] for i in pick] for n in (ns if p == COST_SLOT else ns[1:])}
-            for p in ops if set(ns if p == COST_SLOT else ns[1:]) <= set(ops[p])}
+    return {p: {n: [ops[p][n][i] for i in pick] for n in ns} for p in ops if set(ns) <= set(ops[p])}
 
 
 def _measured_inputs(char: Mapping[str, Any], trace: RoutingTrace, base: BaseInputs,
                      ns: list[int]) -> tuple[OperationTimes, WindowSource]:
     """The measured-time version's operation times, and where they come from: timed between the
-    base measurement's passes where it did; a kernel the passes did not run (llama.cpp runs only the
-    deduplicating one), and everything where nothing was timed between them, by the characterization."""
+    base measurement's passes where it did, else by the characterization. Where the passes ran only
+    the deduplicating kernel (llama.cpp), the per-slot one is its one-token time between the passes
+    (at n = 1 both read the same m experts) plus the characterization's growth t_slot(n) − t_slot(1):
+    (22)'s reference t_slot(1) then shares the passes' moments with τ_meas(1) and t_dedup(n)."""
     source = nearest_layers(char["layers"], trace.num_layers)
     between = _between_passes(base, source, ns)
     if set(between) == set(COST_KERNELS):
-        return OperationTimes(between), WindowSource.BETWEEN_PASSES
+        return OperationTimes({COST_SLOT: between[COST_SLOT], COST_DEDUP: _from_two(between[COST_DEDUP])}), \
+            WindowSource.BETWEEN_PASSES
     kind = windows_source(char, base.depth)
     timed = _measured_times(char, source, ns, base.depth, kind)
-    if between:
-        return OperationTimes({**timed.by_kernel, **between}), WindowSource.BETWEEN_PASSES
-    return timed, kind
+    if COST_DEDUP not in between:
+        return timed, kind
+    slot, one = timed.at(COST_SLOT), between[COST_DEDUP][1]
+    grown = {n: [o + t - t1 for o, t, t1 in zip(one, slot[n], slot[1])] for n in ns}
+    return OperationTimes({COST_SLOT: grown, COST_DEDUP: _from_two(between[COST_DEDUP])}), WindowSource.BETWEEN_PASSES
+
+
+def _from_two(times: Mapping[int, list[float]]) -> dict[int, list[float]]:
+    """{n: [L]} from n = 2 (the deduplicating kernel's times: at n = 1 (22) reads the per-slot one's)."""
+    return {n: t for n, t in times.items() if n >= 2}
 
 
 def _fit_times(char: Mapping[str, Any], trace: RoutingTrace, ns: list[int]) -> OperationTimes:
