@@ -80,3 +80,16 @@ def test_a_draft_model_schedule_stops_where_its_h_B_was_timed():
 def test_a_host_drafter_keeps_B_times_its_own_cost_and_an_untimed_draft_its_unavailable_line():
     assert candidate_schedule(PREDICTION, LOOKUP, batch_cost=TIMED) == candidate_schedule(PREDICTION, LOOKUP)
     assert candidate_schedule(CHEAP_AT_4, DRAFT) == {"unavailable": NOT_TIMED}
+
+
+def test_a_lookup_that_drafts_in_half_the_rounds_is_priced_at_its_expected_pass_at_every_B():
+    # the lookup above, its proposals reaching position 1 in 4 of 8 rounds and position 2 in 2:
+    # s = 1/2, 1/4. B = 4: V_B = 2, 2 + 1/2, 2.5 + 1/4 = 2, 2.5, 2.75, plus 4 h = 0, 0.4, 1:
+    # 2, 2.9, 3.75; speedup 1, 1.5*2/2.9 = 1.034, 1.75*2/3.75 = 0.933: k = 1, where a full pass said 0
+    from dataclasses import replace
+
+    acc = replace(LOOKUP.measured.acceptance, offered=(8, 8), drafted=(4, 2))
+    half = replace(LOOKUP, measured=replace(LOOKUP.measured, acceptance=acc))
+    four = candidate_schedule(PREDICTION, half)["B"]["4"]
+    assert four["step_times"] == pytest.approx([2.0, 2.9, 3.75])
+    assert four["k_star"] == 1 and four["speedup"] == pytest.approx(3 / 2.9)

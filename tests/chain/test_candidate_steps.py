@@ -12,6 +12,7 @@ from moespec import artifacts
 from moespec.chain.candidate_batch import NOT_TIMED
 from moespec.chain.candidate_steps import batch_answer, batch_cost_step, batch_cost_steps, candidate_steps, drop_changed
 from moespec.chain.candidates import Candidate
+from moespec.costmodel.positional import expected_pass_times
 from moespec.chain.demo import DemoConfig, demo_setup, run_demo
 from moespec.cli.main import app
 from tests.bench.test_candidate import WORDS, write_gguf
@@ -74,10 +75,15 @@ def test_the_answer_reads_the_runs_prediction_and_each_candidates_cost(run):
     tau = payload(folder / "prediction.json")["depths"][0]["versions"]["calibrated"]["tau"]["auto"]
     kmax = config.candidate_knobs()["kmax"]
     got = payload(folder / "candidates.json")
-    for c in got["candidates"]:
+    for i, c in enumerate(got["candidates"]):
         assert c["version"] == "calibrated" and c["tau"] == pytest.approx(tau[: kmax + 1])
-        # V̂(k) = τ̂(k + 1) + ĥ(k): the draft's own cost and the engine's overhead on top of the pass
-        assert c["answer"]["step_times"] == pytest.approx([t + h for t, h in zip(c["tau"], c["h"])])
+        # V̂(k) = τ̄(k) + ĥ(k): the pass at the calibration's draft shares, the draft's own cost and the
+        # engine's overhead on top; a draft model proposes k every round, so τ̄(k) = τ̂(k + 1)
+        share = payload(folder / f"candidate-{i}-calibration.json")["measured"]["acceptance"]["draft_share"]
+        passes = expected_pass_times(c["tau"], share)
+        assert c["answer"]["step_times"] == pytest.approx([t + h for t, h in zip(passes, c["h"])])
+        if c["candidate"]["kind"] == "draft":
+            assert share == [1.0] * kmax
     costs = {c["name"]: c["h"][1] for c in got["candidates"]}
     assert costs["trained:draft"] > costs["prompt-lookup n=2"]  # a draft model's step costs more than a lookup
     best = got["answer"]

@@ -77,6 +77,11 @@ def test_prompt_lookup_on_repetitive_text_and_a_draft_model(olmoe):
     draft = calibrate(target, tok, Candidate("draft", draft="synthetic:dense-tiny"), prompts, kmax=2,
                       new_tokens=12, cost_reps=2)
     assert draft.measured.acceptance.at_risk[0] > 0 and all(h > 0 for h in draft.cost.plain[1:])
+    # a draft model proposes k at every round it is offered; the lookup finds no match in some rounds
+    # (the first rounds of "abc abc ..." with n = 2 all match, "the cat." prompts need a repeat first)
+    assert draft.measured.acceptance.drafted == draft.measured.acceptance.offered
+    looked = look.measured.acceptance
+    assert 0 < looked.drafted[0] < looked.offered[0] and looked.draft_share[0] < 1
     # a draft model's confidence: one (top-token probability, was it the target's token) per new token
     probability, accepted = draft.confidence
     assert len(probability) == len(accepted) == 2 * 12 and all(0 < q <= 1 for q in probability)
@@ -135,6 +140,24 @@ def test_predict_candidate_by_hand():
     with pytest.raises(ValueError, match="reach n = 2"):  # kmax = 2 needs tau at n = 3
         predict_candidate(payload([1, 1.25]), calibration(Candidate("oracle", acceptance=0.5), (8, 4), (4, 1),
                                                           (0, 0, 0), (0, 0, 0)))
+
+
+def test_a_lookup_that_drafts_in_some_rounds_is_priced_at_its_expected_pass():
+    # prompt lookup offered 8 rounds at positions 1, 2; it proposed in 4 of them, 2 of them reached
+    # position 2: s = 1/2, 1/4; alpha = 3/8, 1/3 (empty proposals rejected at position 1);
+    # tau(1..3) = 1, 2, 3 (no draft cost): tau_bar = 1, 3/2, 7/4; E = 1, 11/8, 3/2;
+    # E/V = 1, 11/12, 6/7: decode plainly. At tau(k + 1), the proposal priced full, E/V = 11/16 and 1/2.
+    cal = calibration(Candidate("prompt-lookup", n=2), (8, 3), (3, 1), (0, 0, 0), (0, 0, 0))
+    acc = replace(cal.measured.acceptance, offered=(8, 8), drafted=(4, 2))
+    cal = replace(cal, measured=replace(cal.measured, acceptance=acc))
+    p = predict_candidate(payload([1, 2, 3]), cal)
+    assert p.answer.step_times == (1, 1.5, 1.75) and p.tau == (1, 2, 3)
+    assert p.speedup_at(1) == pytest.approx(11 / 12, rel=1e-12) and p.speedup_at(2) == pytest.approx(6 / 7, rel=1e-12)
+    assert p.answer.k_star == 0
+    # where the drafts are good (alpha = 1/2, 3/4), the short passes make the lookup pay at k = 2
+    good = replace(cal, measured=replace(cal.measured, acceptance=replace(acc, at_risk=(8, 4), accepted=(4, 3))))
+    q = predict_candidate(payload([1, 1.25, 1.5]), good)  # tau_bar = 1, 9/8, 19/16; E = 1, 3/2, 15/8
+    assert q.answer.k_star == 2 and q.answer.speedup == pytest.approx(15 / 8 / (19 / 16), rel=1e-12)
 
 
 def test_p_min_is_read_through_the_drafts_measured_confidence():

@@ -15,7 +15,9 @@ from moespec.costmodel.positional import (
     best_draft_length_positional,
     counts_from_rounds,
     draft_step_times,
+    expected_pass_times,
     expected_tokens_positional,
+    offered_from_rounds,
     pooled,
     shortest_paying_draft_positional,
     wilson_interval,
@@ -70,6 +72,24 @@ def test_counts_from_rounds_by_hand():
     at_risk, accepted = counts_from_rounds([4, 1, 3, 1], [3, 3, 3, 3], max_new_tokens=9, kmax=3)
     assert at_risk == (3, 2, 2) and accepted == (2, 2, 1)
     assert pooled([PositionalAcceptance(at_risk, accepted)] * 2).at_risk == (6, 4, 4)
+    # every round offered 3 positions but the last (k = 0 from the budget)
+    assert offered_from_rounds([3, 3, 3, 3], [4, 1, 3, 1], max_new_tokens=9, kmax=3) == (3, 3, 3)
+
+
+def test_a_short_proposal_verifies_fewer_tokens_by_hand():
+    # offered 10 rounds at every position; proposals reached position 1 in 4, 2 in 2, 3 in 1:
+    # s = 2/5, 1/5, 1/10; tau(1..4) = 10, 12, 15, 19 (growth 2, 3, 4):
+    # tau_bar = 10, 10 + 2*2/5, + 3/5, + 2/5 = 10, 54/5, 57/5, 59/5
+    acc = PositionalAcceptance((10, 3, 1), (3, 1, 0), offered=(10, 10, 10), drafted=(4, 2, 1))
+    assert acc.draft_share == (F(2, 5), F(1, 5), F(1, 10))
+    assert expected_pass_times([F(10), F(12), F(15), F(19)], acc.draft_share) == [10, F(54, 5), F(57, 5), F(59, 5)]
+    # a proposer that always drafts k (or counts not taken) keeps tau itself, floats bit for bit
+    tau = [0.1, 0.13, 0.17, 0.2]
+    assert expected_pass_times(tau, [F(1)] * 3) == tau
+    assert PositionalAcceptance((1, 1, 1), (1, 1, 1)).draft_share == (1, 1, 1)
+    back = PositionalAcceptance.from_dict(acc.to_dict())
+    assert back == acc and pooled([acc, acc]).drafted == (8, 4, 2)
+    assert pooled([acc, PositionalAcceptance((1, 1, 1), (1, 1, 1))]).offered is None  # not counted in one part
 
 
 def test_refusals():
@@ -79,6 +99,12 @@ def test_refusals():
         draft_step_times([1, 1], [0, -1])
     with pytest.raises(ValueError, match="counted to 1 positions"):
         answer([1, 1, 1], PositionalAcceptance(at_risk=(1,), accepted=(1,)))
+    with pytest.raises(ValueError, match="drafted 3 must lie"):
+        PositionalAcceptance(at_risk=(2,), accepted=(1,), offered=(2,), drafted=(3,))
+    with pytest.raises(ValueError, match="together"):
+        PositionalAcceptance(at_risk=(2,), accepted=(1,), offered=(2,))
+    with pytest.raises(ValueError, match="s_2"):
+        expected_pass_times([1, 2, 3], [F(1, 2), F(3, 2)])
 
 
 fractions = st.fractions(min_value=0, max_value=1, max_denominator=50)
@@ -117,3 +143,17 @@ def test_expected_tokens_at_k_is_the_mean_tokens_per_round(k, data):
     tokens = data.draw(st.lists(st.integers(1, k + 1), min_size=1, max_size=40))
     acc = PositionalAcceptance(*counts_from_rounds(tokens, [k] * len(tokens), max_new_tokens=10**6, kmax=k))
     assert expected_tokens_positional(acc.alpha, k) == F(sum(tokens), len(tokens))
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 6), data=st.data())
+def test_the_expected_pass_is_the_mean_pass_of_the_rounds(k, data):
+    # rounds at k with proposals of any length 0..k: tau_bar(k) is exactly the mean of tau(1 + L_r),
+    # with tau drawn at random; drafted counts built as the engine's Stats counts them
+    lengths = data.draw(st.lists(st.integers(0, k), min_size=1, max_size=40))
+    tau = data.draw(st.lists(st.fractions(min_value=0, max_value=10, max_denominator=20), min_size=k + 1,
+                             max_size=k + 1))
+    offered = offered_from_rounds([k] * len(lengths), [1] * len(lengths), max_new_tokens=10**6, kmax=k)
+    drafted = tuple(sum(n > j for n in lengths) for j in range(k))
+    acc = PositionalAcceptance((len(lengths),) + (0,) * (k - 1), (0,) * k, offered=offered, drafted=drafted)
+    assert expected_pass_times(tau, acc.draft_share)[k] == F(sum(tau[n] for n in lengths), len(lengths))

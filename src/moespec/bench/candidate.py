@@ -32,6 +32,8 @@ from moespec.costmodel.positional import (
     answer,
     counts_from_rounds,
     draft_step_times,
+    expected_pass_times,
+    offered_from_rounds,
     pooled,
 )
 from moespec.engine.decode import generate
@@ -174,7 +176,8 @@ def measure_acceptance(target, proposer: Proposer, prompts: Sequence[Sequence[in
                        seed: int = 0, eos_token_id=None, vocab_limit: int | None = None,
                        texts: list | None = None) -> CandidateAcceptance:
     """The proposer's acceptance by position at draft length kmax on `prompts` ([P_i] ids each), from
-    untimed `generate` calls (greedy by default; temperature/top-p otherwise, prompt i seeded seed + i).
+    untimed `generate` calls (greedy by default; temperature/top-p otherwise, prompt i seeded seed + i),
+    with the rounds that offered each position and those whose proposal reached it (s_j).
     texts: a list that receives (prompt, its continuation) per prompt (`draft_confidence` reads them)."""
     if kmax < 1:
         raise ValueError(f"kmax = {kmax}: the acceptance by position needs a draft length >= 1")
@@ -187,8 +190,10 @@ def measure_acceptance(target, proposer: Proposer, prompts: Sequence[Sequence[in
         s = out.stats
         if texts is not None:
             texts.append((list(prompt), list(out.tokens)))
-        parts.append(PositionalAcceptance(*counts_from_rounds(s.tokens_per_round, s.k_per_round,
-                                                              max_new_tokens=max_new_tokens, kmax=kmax)))
+        rounds = dict(max_new_tokens=max_new_tokens, kmax=kmax)
+        parts.append(PositionalAcceptance(*counts_from_rounds(s.tokens_per_round, s.k_per_round, **rounds),
+                                          offered=offered_from_rounds(s.k_per_round, s.tokens_per_round, **rounds),
+                                          drafted=tuple(s.drafted_by_position[:kmax])))
         new_tokens += s.new_tokens
     return CandidateAcceptance(candidate=proposer.identity() or {"proposer": type(proposer).__name__},
                                acceptance=pooled(parts), prompts=len(prompts), new_tokens=new_tokens,
@@ -296,12 +301,14 @@ def expected_draft_cost(cost: DraftCost, alpha: Sequence) -> list:
 
 
 def candidate_answer(tau: Sequence, cost: DraftCost, measured: CandidateAcceptance, *, delta=0) -> PositionalAnswer:
-    """The answer for one candidate: V_hat(k) = tau_hat(k + 1) + h_hat(k) (h_hat from `expected_draft_cost`
-    at the measured alphas), then `positional.answer`. tau: [kmax + 1], tau[k] the target's pass of k + 1
+    """The answer for one candidate: V_hat(k) = tau_bar(k) + h_hat(k) (tau_bar the expected pass at the
+    measured draft shares, `positional.expected_pass_times`; h_hat from `expected_draft_cost` at the
+    measured alphas), then `positional.answer`. tau: [kmax + 1], tau[k] the target's pass of k + 1
     tokens (the chain's calibrated version); delta: its relative step-time error bound."""
     kmax = len(tau) - 1
     if cost.kmax != kmax or measured.acceptance.kmax < kmax:
         raise ValueError(f"tau_hat goes to kmax = {kmax}, the draft cost to {cost.kmax} and the acceptance to "
                          f"{measured.acceptance.kmax}; measure all three to the same kmax")
     alpha = measured.acceptance.alpha[:kmax]
-    return answer(draft_step_times(tau, expected_draft_cost(cost, alpha)), measured.acceptance, delta=delta)
+    passes = expected_pass_times(list(tau), measured.acceptance.draft_share)
+    return answer(draft_step_times(passes, expected_draft_cost(cost, alpha)), measured.acceptance, delta=delta)

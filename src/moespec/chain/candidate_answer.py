@@ -3,7 +3,8 @@ best of them (issue 50; cost-model paper Sec. 1, eq. (9); `costmodel.positional`
 
 `predict_candidate` reads τ̂(n) of the chain's prediction ("predict" payload, the calibrated version
 by default) at n = k + 1 and the candidate's calibration (`chain.candidates.calibrate`, made on the
-calibration half only), forms V̂(k) = τ̂(k+1) + ĥ(k) and answers with `positional.answer`: k̂*, the
+calibration half only), forms V̂(k) = τ̄(k) + ĥ(k) (τ̄(k) = τ̂(k+1) for a draft that always
+proposes k; less for a lookup whose proposals come short) and answers with `positional.answer`: k̂*, the
 speedup and its band, E(k) with the geometric G_a(k) beside it, n-min and p-min, and the lines for
 llama-server, vLLM and SGLang (`costmodel.settings`). `answer_for` names the best candidate.
 """
@@ -19,7 +20,15 @@ from moespec.chain.candidates import DRAFT, LOOKUP, NGRAM_MOD, NGRAM_SIMPLE, Can
 from moespec.chain.prediction import KIND, payload_of
 from moespec.bench.candidate import expected_draft_cost
 from moespec.costmodel.confidence import calibrated_p_min
-from moespec.costmodel.positional import PLAINLY, SPECULATE, PositionalAnswer, answer, draft_step_times, plain
+from moespec.costmodel.positional import (
+    PLAINLY,
+    SPECULATE,
+    PositionalAnswer,
+    answer,
+    draft_step_times,
+    expected_pass_times,
+    plain,
+)
 from moespec.costmodel.predict import preferred_version
 from moespec.costmodel.settings import (
     LLAMA_ARG,
@@ -123,8 +132,8 @@ def candidate_settings(candidate: Candidate, ans: PositionalAnswer) -> dict[str,
 @dataclass(frozen=True)
 class CandidatePrediction:
     """The answer for one candidate: τ̂(k+1) and ĥ(k) ([kmax + 1] seconds; ĥ the draft's own cost and the
-    engine's overhead), the answer from V̂ = τ̂ + ĥ,
-    and the engines' settings. Its calibration never read the held-out half."""
+    engine's overhead), the answer from V̂ = τ̄ + ĥ (its step_times; τ̄ the expected pass at the
+    calibration's draft shares), and the engines' settings. Its calibration never read the held-out half."""
 
     candidate: Candidate
     version: str
@@ -161,7 +170,9 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
     (p-min: the floor min_i c_i / V̂(0) as a draft probability, through the draft's measured
     confidence where its calibration has it, `costmodel.confidence`).
 
-    V̂(k) = τ̂(k+1) + ĥ(k): τ̂ from the prediction (`prediction_tau`), ĥ(k) the calibration's draft
+    V̂(k) = τ̄(k) + ĥ(k): τ̄(k) the expected pass of a round at k, τ̂(1..k+1) from the prediction
+    (`prediction_tau`) weighted by the shares of rounds whose proposal reached each position
+    (`positional.expected_pass_times`: a lookup that finds no match verifies one token), ĥ(k) the calibration's draft
     cost weighted by the chance a round at k accepted all (`bench.candidate.expected_draft_cost`),
     plus, with `overhead`, the engine's own time per round outside the pass (the prediction's h(k)).
     The band uses the prediction's δ (none when δ >= 1: the bounds are vacuous)."""
@@ -170,7 +181,8 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
     acceptance = calibration.measured.acceptance
     own = expected_draft_cost(calibration.cost, acceptance.alpha[:kmax])
     h = [float(x) + (o if overhead else 0.0) for x, o in zip(own, got.overhead)]
-    ans = answer(draft_step_times(got.tau, h), acceptance, delta=got.delta if got.delta < 1 else 0)
+    passes = [float(t) for t in expected_pass_times(got.tau, acceptance.draft_share)]
+    ans = answer(draft_step_times(passes, h), acceptance, delta=got.delta if got.delta < 1 else 0)
     if got.delta >= 1:
         ans = replace(ans, speedup_low=0.0, speedup_high=math.inf)
     ans = restricted(ans, calibration.candidate.min_k)

@@ -13,6 +13,10 @@ batch counterpart of the step time V(k) = τ_p(k + 1) + h(k) (cost-model paper, 
   and ĥ_B(k) is its expectation under the positional acceptance (`expected_draft_cost`, as at B = 1),
   so V̂_{B,c}(k) = V̂_B(k) + ĥ_B(k).
 
+A lookup's proposal may come short (`costmodel.positional.expected_pass_times`): V̂_B(k) is weighted
+by the shares s_j as at B = 1, exact where the batch's sequences draft alike and V̂_B grows linearly
+between the k it holds, an approximation otherwise.
+
 Each sequence accepts by the candidate's positional acceptance, independently, so a round yields
 B E(k) tokens and the speedup over plain batched decoding at B is E(k) V̂_{B,c}(0) / V̂_{B,c}(k)
 (eq. (9) per sequence, E(k) in place of G_a(k)); k̂*(B) is its smallest maximizer. A draft
@@ -27,7 +31,7 @@ from typing import Any, Mapping
 from moespec.bench.batch_draft_cost import BatchDraftCost
 from moespec.bench.candidate import expected_draft_cost
 from moespec.chain.candidates import DRAFT, CandidateCalibration
-from moespec.costmodel.positional import expected_tokens_positional
+from moespec.costmodel.positional import expected_pass_times, expected_tokens_positional
 from moespec.costmodel.settings import vllm_batch_settings
 
 BATCH_VERSION = "prediction"  # the batch prediction's model version (the other, "timed", reads measured passes)
@@ -57,10 +61,12 @@ def candidate_schedule(batch_prediction: Mapping[str, Any], calibration: Candida
     E = [float(expected_tokens_positional(alpha[:kmax], k)) for k in range(kmax + 1)]
     allowed = [0] + list(range(max(1, c.min_k), kmax + 1))
     rows = {int(B): V for B, V in by_batch.items()}  # keys are strings in a stored prediction
+    share = calibration.measured.acceptance.draft_share
     out = {}
     for B in sorted(own):
         h = [float(own[B][k]) for k in range(kmax + 1)]
-        steps = [float(rows[B][k]) + h[k] for k in range(kmax + 1)]
+        passes = expected_pass_times([float(rows[B][k]) for k in range(kmax + 1)], share)
+        steps = [float(passes[k]) + h[k] for k in range(kmax + 1)]
         gain = [E[k] * steps[0] / steps[k] for k in range(kmax + 1)]
         k = max(allowed, key=lambda j: (gain[j], -j))
         out[str(B)] = {"k_star": k, "speedup": gain[k], "step_times": steps, "h": h}

@@ -11,6 +11,11 @@ drafts plus the one recovered or bonus token). With alpha_i = a for every i it i
 G_a(k) = 1 + a + ... + a^k (Sec. 1): the geometric model is the case of constant alpha.
 
 V_hat(k) = tau_hat(k + 1) + h_hat(k): the target's pass of k + 1 tokens plus the draft's own cost.
+A drafter whose proposal may come short (prompt lookup, llama.cpp's n-gram rules: nothing where no
+match is found) verifies 1 + L_k tokens, L_k = min(L, k) its proposal's length at k, so its pass
+costs in expectation tau_bar(k) = tau(1) + sum_{j=1..k} s_j (tau(j + 1) - tau(j)), s_j = P(L >= j) the
+share of rounds offering position j whose proposal reached it (`expected_pass_times`); a draft
+model always proposes k (s_j = 1: tau_bar(k) = tau(k + 1), the paper's V(k)).
 k_hat* = the smallest argmax of E(k)/V_hat(k), the speedup E(k_hat*) V_hat(0) / V_hat(k_hat*)
 (eq. (9) with E for G_a); k_hat* = 0 is the verdict "decode plainly".
 
@@ -70,13 +75,30 @@ def counts_from_rounds(tokens_per_round: Sequence[int], k_per_round: Sequence[in
     return tuple(at_risk), tuple(accepted)
 
 
+def offered_from_rounds(k_per_round: Sequence[int], tokens_per_round: Sequence[int], *, max_new_tokens: int,
+                        kmax: int) -> tuple[int, ...]:
+    """[kmax] the rounds that offered position j: k_r = min(chosen_r, tokens left - 1, kmax) >= j (the
+    engine's budget cap, as in `counts_from_rounds`). With the rounds' proposals by position
+    (`engine.stats.Stats.drafted_by_position`) it gives s_j, the share of offers a proposal reached."""
+    offered, done = [0] * kmax, 0
+    for tokens, chosen in zip(tokens_per_round, k_per_round):
+        for j in range(min(chosen, max_new_tokens - done - 1, kmax)):
+            offered[j] += 1
+        done += tokens
+    return tuple(offered)
+
+
 @dataclass(frozen=True)
 class PositionalAcceptance:
-    """Counts by position and what follows from them. at_risk, accepted: [kmax] ints."""
+    """Counts by position and what follows from them. at_risk, accepted: [kmax] ints. offered, drafted:
+    [kmax] ints or None: the rounds that offered position j and those whose proposal reached it (None:
+    not counted, read as a proposer that always drafts k, s_j = 1)."""
 
     at_risk: tuple[int, ...]
     accepted: tuple[int, ...]
     z: float = Z_95
+    offered: tuple[int, ...] | None = None
+    drafted: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if len(self.at_risk) != len(self.accepted):
@@ -85,6 +107,13 @@ class PositionalAcceptance:
         for j, (n, a) in enumerate(zip(self.at_risk, self.accepted), 1):
             if not 0 <= a <= n:
                 raise ValueError(f"position {j}: accepted {a} must lie in 0..at_risk ({n})")
+        if (self.offered is None) != (self.drafted is None):
+            raise ValueError("give offered and drafted together, or neither")
+        for j, (n, d) in enumerate(zip(self.offered or (), self.drafted or ()), 1):
+            if not 0 <= d <= n:
+                raise ValueError(f"position {j}: drafted {d} must lie in 0..offered ({n})")
+        if self.offered is not None and not len(self.offered) == len(self.drafted) == len(self.at_risk):
+            raise ValueError(f"offered and drafted need {len(self.at_risk)} positions, as at_risk has")
 
     @property
     def kmax(self) -> int:
@@ -95,6 +124,14 @@ class PositionalAcceptance:
         """[kmax] accepted/at_risk, exact; 0 where a position was never at risk (an earlier alpha is then 0
         or the data stop there: the interval says (0, 1))."""
         return tuple(Fraction(a, n) if n else Fraction(0) for a, n in zip(self.accepted, self.at_risk))
+
+    @property
+    def draft_share(self) -> tuple[Fraction, ...]:
+        """[kmax] s_j = drafted/offered, exact: the share of rounds offering position j whose proposal
+        reached it; 1 where not counted or never offered (a proposer that always drafts k)."""
+        if self.offered is None:
+            return (Fraction(1),) * self.kmax
+        return tuple(Fraction(d, n) if n else Fraction(1) for d, n in zip(self.drafted, self.offered))
 
     @property
     def intervals(self) -> tuple[tuple[float, float], ...]:
@@ -108,21 +145,31 @@ class PositionalAcceptance:
         return Fraction(sum(self.accepted), n) if n else Fraction(0)
 
     def to_dict(self) -> dict:
-        return {"at_risk": list(self.at_risk), "accepted": list(self.accepted), "z": self.z,
-                "alpha": [float(a) for a in self.alpha], "intervals": [list(i) for i in self.intervals],
-                "geometric": float(self.geometric)}
+        d = {"at_risk": list(self.at_risk), "accepted": list(self.accepted), "z": self.z,
+             "alpha": [float(a) for a in self.alpha], "intervals": [list(i) for i in self.intervals],
+             "geometric": float(self.geometric)}
+        if self.offered is not None:
+            d.update(offered=list(self.offered), drafted=list(self.drafted),
+                     draft_share=[float(x) for x in self.draft_share])
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "PositionalAcceptance":
-        return cls(at_risk=tuple(d["at_risk"]), accepted=tuple(d["accepted"]), z=d.get("z", Z_95))
+        counted = d.get("offered") is not None
+        return cls(at_risk=tuple(d["at_risk"]), accepted=tuple(d["accepted"]), z=d.get("z", Z_95),
+                   offered=tuple(d["offered"]) if counted else None, drafted=tuple(d["drafted"]) if counted else None)
 
 
 def pooled(parts: Sequence[PositionalAcceptance]) -> PositionalAcceptance:
-    """The counts of several calls (prompts) added position by position; all must share kmax."""
+    """The counts of several calls (prompts) added position by position; all must share kmax. The
+    proposals' counts are pooled where every part has them, else left out."""
     if not parts or len({p.kmax for p in parts}) != 1:
         raise ValueError(f"pool needs one or more counts of one kmax, got kmax {[p.kmax for p in parts]}")
-    return PositionalAcceptance(at_risk=tuple(map(sum, zip(*(p.at_risk for p in parts)))),
-                                accepted=tuple(map(sum, zip(*(p.accepted for p in parts)))), z=parts[0].z)
+    add = lambda rows: tuple(map(sum, zip(*rows)))  # noqa: E731
+    counted = all(p.offered is not None for p in parts)
+    return PositionalAcceptance(at_risk=add(p.at_risk for p in parts), accepted=add(p.accepted for p in parts),
+                                z=parts[0].z, offered=add(p.offered for p in parts) if counted else None,
+                                drafted=add(p.drafted for p in parts) if counted else None)
 
 
 def check_alpha(alpha: Sequence) -> list:
@@ -155,6 +202,24 @@ def draft_step_times(tau: Sequence, h: Sequence) -> list:
         if x < 0:
             raise ValueError(f"draft cost h({k}) = {x} must be >= 0")
     return check_step_times([t + x for t, x in zip(tau, h)])
+
+
+def expected_pass_times(tau: Sequence, share: Sequence) -> list:
+    """tau_bar(k) = tau(1) + sum_{j<=k} s_j (tau(j + 1) - tau(j)), k = 0..kmax: the expected pass of a
+    round at k whose proposal reaches position j with chance s_j (module docstring). tau: [kmax + 1],
+    tau[k] the pass of k + 1 tokens; share: [>= kmax] s_1..s_kmax in [0, 1]. Exact on Fractions;
+    tau itself where every s_j = 1 (written as tau(k + 1) less the passes' growth left undrafted)."""
+    kmax = len(tau) - 1
+    if len(share) < kmax:
+        raise ValueError(f"tau goes to kmax = {kmax} but only {len(share)} draft shares were given")
+    for j, x in enumerate(share[:kmax], 1):
+        if isinstance(x, bool) or not 0 <= x <= 1:
+            raise ValueError(f"draft share s_{j} = {x!r} must be a number in [0, 1]")
+    out, undrafted = [tau[0]], 0
+    for j in range(1, kmax + 1):
+        undrafted = undrafted + (1 - share[j - 1]) * (tau[j] - tau[j - 1])
+        out.append(tau[j] - undrafted)
+    return out
 
 
 def ratios(V: Sequence, alpha: Sequence) -> list:
