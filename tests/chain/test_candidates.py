@@ -249,6 +249,9 @@ def test_check_heldout_on_a_fake_clock(monkeypatch):
     assert check.tokens == (26,) * 4 and check.seconds == (30, 20, 16, 14)
     assert check.throughput == (26 / 30, 26 / 20, 26 / 16, 26 / 14) and check.best_k == 3
     assert check.speedup[3] == pytest.approx(30 / 14)
+    # rounds per prompt: k=0: 13 (the prefill's row commits the first token); k=1: 6 of 2 tokens and
+    # the budget's last one: 7; k=2: 4 of 3 and 1: 5; k=3: 3 of 4 and 1: 4
+    assert check.rounds == (26, 14, 10, 8) and check.tokens_per_round == (1, 26 / 14, 2.6, 3.25)
     assert HeldoutCheck.from_dict(check.to_dict()) == check
 
 
@@ -263,6 +266,9 @@ def test_score_by_hand():
     # ngram-simple: k_hat = 2, best 1: within one, lost 1 - 8/9; predicted 13/12 against 10/9: 117/120 - 1
     assert s.within_one and s.throughput_lost == pytest.approx(1 / 9) and s.speedup_error == pytest.approx(-0.025)
     assert got.named == got.measured_best == "ngram-simple n=2 min-hits=1" and got.named_ok
+    assert d.predicted_tokens == 1.5 and d.measured_tokens is None  # E(1) = 3/2; these checks kept no rounds
+    counted = score_candidates([draft], [replace(c_draft, rounds=(100, 80, 70))]).scores[0]
+    assert counted.measured_tokens == 100 / 80  # tokens per round at the measured best k = 1
     # the draft measures 1.25x, the named ngram-simple 10/8.2 = 1.2195x < 0.98 * 1.25: not within 2%
     worse = HeldoutCheck(draft.candidate, (100,) * 3, (10, 8, 9.5), 2, 1, 50)
     miss = score_candidates([draft, simple], [worse, HeldoutCheck(simple.candidate, (100,) * 4, (10, 8.2, 9, 9.5),

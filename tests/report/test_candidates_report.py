@@ -3,7 +3,7 @@ an unbounded band is stored as null (JSON has no inf) and must read as "no band"
 batch lines of a draft model timed at B read as a host drafter's, an untimed one says why."""
 
 from moespec.chain.candidate_batch import NOT_TIMED
-from moespec.report.candidates import answer_lines, batch_lines
+from moespec.report.candidates import answer_lines, batch_lines, moved_lines
 
 
 def stored(high):
@@ -44,3 +44,11 @@ def test_a_batch_schedule_at_B_1_that_differs_from_the_headline_says_so():
     assert len(lines) == 2 and lines[1].startswith("  At B = 1 this differs from the answer above (k = 1)")
     heads[0]["answer"]["k_star"] = 0  # the same k: nothing to say
     assert len(batch_lines({"candidates": heads, "batch": {"d.gguf": at}})) == 1
+
+
+def test_a_miss_whose_acceptance_moved_between_the_halves_says_so():
+    row = dict(name="ngram-mod n=3 n-min=1", k_hat=0, k_best=2, predicted_tokens=1.06, measured_tokens=1.25)
+    (line,) = moved_lines([row])
+    assert "1.25 tokens a round against 1.06" in line and "k = 2" in line
+    # a hit, a move under 10%, or a check that kept no rounds: nothing to say
+    assert moved_lines([{**row, "k_hat": 2}, {**row, "measured_tokens": 1.1}, {**row, "measured_tokens": None}]) == []

@@ -44,7 +44,9 @@ class HeldoutCheck:
     """One candidate at every fixed k = 0..kmax on the held-out prompts.
 
     tokens: [kmax + 1] new tokens over all prompts; seconds: [kmax + 1] the sum over prompts of each
-    prompt's median decode time over `reps`; throughput = tokens / seconds."""
+    prompt's median decode time over `reps`; throughput = tokens / seconds; rounds: [kmax + 1] the
+    rounds those tokens took (one rep; () in a check from before they were kept), so tokens/rounds is
+    the held-out E(k), beside the calibration's (where a miss came from: the acceptance or the time)."""
 
     candidate: Candidate
     tokens: tuple[int, ...]
@@ -52,6 +54,12 @@ class HeldoutCheck:
     prompts: int
     reps: int
     new_tokens: int
+    rounds: tuple[int, ...] = ()
+
+    @property
+    def tokens_per_round(self) -> tuple[float, ...]:
+        """[kmax + 1] the held-out E(k): tokens per round at each k (() without rounds)."""
+        return tuple(n / r for n, r in zip(self.tokens, self.rounds))
 
     @property
     def throughput(self) -> tuple[float, ...]:
@@ -76,12 +84,12 @@ class HeldoutCheck:
         return {"candidate": self.candidate.to_dict(), "tokens": list(self.tokens), "seconds": list(self.seconds),
                 "prompts": self.prompts, "reps": self.reps, "new_tokens": self.new_tokens,
                 "throughput": list(self.throughput), "speedup": list(self.speedup), "best_k": self.best_k,
-                "half": "held-out"}
+                "rounds": list(self.rounds), "tokens_per_round": list(self.tokens_per_round), "half": "held-out"}
 
     @classmethod
     def from_dict(cls, d: dict) -> "HeldoutCheck":
         return cls(Candidate.from_dict(d["candidate"]), tuple(d["tokens"]), tuple(d["seconds"]), d["prompts"],
-                   d["reps"], d["new_tokens"])
+                   d["reps"], d["new_tokens"], tuple(d.get("rounds", ())))
 
 
 def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, prompts: Sequence, *, kmax: int,
@@ -111,22 +119,26 @@ def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, pro
             run(0, k, untimed_prefill(loaded.proposer(k)) if k else None)
     samples = [[[] for _ in ids] for _ in range(kmax + 1)]  # [k][prompt] -> seconds per rep
     tokens = [[0] * len(ids) for _ in range(kmax + 1)]
+    rounds = [[0] * len(ids) for _ in range(kmax + 1)]
     for rep in range(reps):
         for k in (range(kmax + 1) if rep % 2 == 0 else range(kmax, -1, -1)):
             proposer = untimed_prefill(loaded.proposer(k)) if k else None
             for i in range(len(ids)):
                 stats = run(i, k, proposer)
                 samples[k][i].append(stats.total_s)
-                tokens[k][i] = stats.new_tokens
+                tokens[k][i], rounds[k][i] = stats.new_tokens, stats.rounds
     seconds = tuple(sum(Timing(tuple(s)).median for s in by_prompt) for by_prompt in samples)
-    return HeldoutCheck(loaded.candidate, tuple(sum(t) for t in tokens), seconds, len(ids), reps, new_tokens)
+    return HeldoutCheck(loaded.candidate, tuple(sum(t) for t in tokens), seconds, len(ids), reps, new_tokens,
+                        tuple(sum(r) for r in rounds))
 
 
 @dataclass(frozen=True)
 class CandidateScore:
     """One candidate's prediction against its held-out check: k̂* against the measured best k, the
     throughput lost at k̂* (1 - T(k̂*)/T(k_best)), and the predicted speedup at k̂* against the measured
-    one (relative error predicted/measured - 1). Out of sample: the calibration never read these prompts."""
+    one (relative error predicted/measured - 1). Out of sample: the calibration never read these prompts.
+    predicted_tokens, measured_tokens: E(k_best) from the calibration and tokens per round at k_best on
+    the held-out half (None without the check's rounds): apart, the acceptance moved between the halves."""
 
     name: str
     k_hat: int
@@ -134,6 +146,8 @@ class CandidateScore:
     throughput_lost: float
     predicted_speedup: float
     measured_speedup: float
+    predicted_tokens: float | None = None
+    measured_tokens: float | None = None
 
     @property
     def within_one(self) -> bool:
@@ -146,11 +160,12 @@ class CandidateScore:
     def to_dict(self) -> dict:
         return {"name": self.name, "k_hat": self.k_hat, "k_best": self.k_best, "within_one": self.within_one,
                 "throughput_lost": self.throughput_lost, "predicted_speedup": self.predicted_speedup,
-                "measured_speedup": self.measured_speedup, "speedup_error": self.speedup_error}
+                "measured_speedup": self.measured_speedup, "speedup_error": self.speedup_error,
+                "predicted_tokens": self.predicted_tokens, "measured_tokens": self.measured_tokens}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CandidateScore":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
 @dataclass(frozen=True)
@@ -186,9 +201,10 @@ def score_one(prediction: CandidatePrediction, check: HeldoutCheck) -> Candidate
     if len(prediction.tau) != len(check.tokens):
         raise ValueError(f"{prediction.name}: predicted to kmax = {len(prediction.tau) - 1}, checked to "
                          f"{len(check.tokens) - 1}; check every k the prediction priced")
-    k, T = prediction.answer.k_star, check.throughput
-    return CandidateScore(prediction.name, k, check.best_k, 1 - T[k] / T[check.best_k],
-                          prediction.speedup_at(k), check.speedup[k])
+    k, T, best = prediction.answer.k_star, check.throughput, check.best_k
+    measured = check.tokens_per_round[best] if check.rounds else None
+    return CandidateScore(prediction.name, k, best, 1 - T[k] / T[best], prediction.speedup_at(k), check.speedup[k],
+                          float(prediction.answer.expected[best]), measured)
 
 
 def score_candidates(predictions: Sequence[CandidatePrediction], checks: Sequence[HeldoutCheck]) -> CandidatesScore:

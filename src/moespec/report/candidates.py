@@ -84,7 +84,20 @@ def score_lines(score: dict[str, Any]) -> list[str]:
             f"(goal {LOST_GOAL:.0%}); predicted speedup off by at most {err:.1%} (goal {SPEEDUP_GOAL:.0%}). "
             f"The answer named {named} ({score['named_speedup']:.2f}x measured at its best k); {best} measured "
             f"best ({score['measured_best_speedup']:.2f}x): {'within' if score['named_ok'] else 'more than'} 2% "
-            "(goal: within 2%)."]
+            "(goal: within 2%)."] + moved_lines(s)
+
+
+def moved_lines(scores: list[dict[str, Any]]) -> list[str]:
+    """Where a candidate's k̂* missed and its tokens per round at the measured best k moved by over 10%
+    between the halves: the acceptance did not carry from the calibration prompts to the held-out ones."""
+    out = []
+    for x in scores:
+        e, m = x.get("predicted_tokens"), x.get("measured_tokens")
+        if x["k_hat"] != x["k_best"] and e and m and abs(m / e - 1) > 0.10:
+            out.append(f"{x['name']}: at k = {x['k_best']} the held-out prompts gave {m:.2f} tokens a round against "
+                       f"{e:.2f} on the calibration half: its acceptance differs between your prompts, so more "
+                       "(or more alike) prompts would steady its answer.")
+    return out
 
 
 def candidates_table(candidates: dict[str, Any], score: dict[str, Any] | None) -> Table:
