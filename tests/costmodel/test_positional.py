@@ -18,6 +18,7 @@ from moespec.costmodel.positional import (
     expected_pass_times,
     expected_tokens_positional,
     offered_from_rounds,
+    prompt_bootstrap_band,
     pooled,
     shortest_paying_draft_positional,
     wilson_interval,
@@ -157,3 +158,25 @@ def test_the_expected_pass_is_the_mean_pass_of_the_rounds(k, data):
     drafted = tuple(sum(n > j for n in lengths) for j in range(k))
     acc = PositionalAcceptance((len(lengths),) + (0,) * (k - 1), (0,) * k, offered=offered, drafted=drafted)
     assert expected_pass_times(tau, acc.draft_share)[k] == F(sum(tau[n] for n in lengths), len(lengths))
+
+
+def test_the_band_over_prompts_by_hand():
+    # V = 1, 3/2: k = 1 pays when E(1) = 1 + alpha_1 > 3/2. Prompt A accepts all 10 drafts, prompt B
+    # none of 10. Resampling 2 prompts: {A, A} (chance 1/4) gives alpha 1 and 2/(3/2) = 4/3, {A, B}
+    # (1/2) alpha 1/2 and max(1, 1) = 1, {B, B} (1/4) 1: the 95% band is [1, 4/3], the Wilson band
+    # of the pooled 10 of 20 far narrower on top (its high end below 4/3)
+    a, b = PositionalAcceptance((10,), (10,)), PositionalAcceptance((10,), (0,))
+    low, high = prompt_bootstrap_band([1, 1.5], [a, b])
+    assert (low, high) == (1.0, pytest.approx(4 / 3))
+    pooled_ab = pooled([a, b])
+    wilson_only = answer([1.0, 1.5], pooled_ab)
+    both = answer([1.0, 1.5], pooled_ab, prompts=[a, b])
+    assert wilson_only.speedup_high < 4 / 3 and both.speedup_high == pytest.approx(4 / 3)
+    assert both.speedup_low == min(wilson_only.speedup_low, 1.0) and both.k_star == wilson_only.k_star
+    # prompts that agree: every resample is the pool, so the band over prompts is the point itself
+    same = PositionalAcceptance((10, 6), (6, 3))
+    point = answer([1.0, 1.2, 1.5], pooled([same, same]))
+    assert prompt_bootstrap_band([1.0, 1.2, 1.5], [same, same]) == (pytest.approx(point.speedup),) * 2
+    assert answer([1.0, 1.2, 1.5], pooled([same, same]), prompts=[same, same]).speedup_high == point.speedup_high
+    with pytest.raises(ValueError, match="at least 2 prompts"):
+        prompt_bootstrap_band([1, 1.5], [a])

@@ -151,7 +151,8 @@ def check_vocabulary(target: str | Path, draft: str | Path) -> None:
 
 @dataclass(frozen=True)
 class CandidateAcceptance:
-    """A candidate's acceptance by position on some prompts: counts pooled over them, and how they were made."""
+    """A candidate's acceptance by position on some prompts: counts pooled over them, and how they were
+    made; by_prompt: each prompt's own counts (the answer's band resamples them), () where not kept."""
 
     candidate: dict  # the proposer's identity()
     acceptance: PositionalAcceptance
@@ -160,15 +161,18 @@ class CandidateAcceptance:
     max_new_tokens: int
     temperature: float = 0.0
     top_p: float | None = None
+    by_prompt: tuple[PositionalAcceptance, ...] = ()
 
     def to_dict(self) -> dict:
         return {"candidate": self.candidate, "acceptance": self.acceptance.to_dict(), "prompts": self.prompts,
                 "new_tokens": self.new_tokens, "max_new_tokens": self.max_new_tokens,
-                "temperature": self.temperature, "top_p": self.top_p}
+                "temperature": self.temperature, "top_p": self.top_p,
+                "by_prompt": [{"at_risk": list(p.at_risk), "accepted": list(p.accepted)} for p in self.by_prompt]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CandidateAcceptance":
-        return cls(**{**d, "acceptance": PositionalAcceptance.from_dict(d["acceptance"])})
+        parts = tuple(PositionalAcceptance(tuple(p["at_risk"]), tuple(p["accepted"])) for p in d.get("by_prompt", ()))
+        return cls(**{**d, "acceptance": PositionalAcceptance.from_dict(d["acceptance"]), "by_prompt": parts})
 
 
 def measure_acceptance(target, proposer: Proposer, prompts: Sequence[Sequence[int]], *, kmax: int,
@@ -197,7 +201,8 @@ def measure_acceptance(target, proposer: Proposer, prompts: Sequence[Sequence[in
         new_tokens += s.new_tokens
     return CandidateAcceptance(candidate=proposer.identity() or {"proposer": type(proposer).__name__},
                                acceptance=pooled(parts), prompts=len(prompts), new_tokens=new_tokens,
-                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                               by_prompt=tuple(PositionalAcceptance(p.at_risk, p.accepted) for p in parts))
 
 
 def draft_confidence(draft, texts: Sequence[tuple[Sequence[int], Sequence[int]]],
@@ -311,4 +316,5 @@ def candidate_answer(tau: Sequence, cost: DraftCost, measured: CandidateAcceptan
                          f"{measured.acceptance.kmax}; measure all three to the same kmax")
     alpha = measured.acceptance.alpha[:kmax]
     passes = expected_pass_times(list(tau), measured.acceptance.draft_share)
-    return answer(draft_step_times(passes, expected_draft_cost(cost, alpha)), measured.acceptance, delta=delta)
+    return answer(draft_step_times(passes, expected_draft_cost(cost, alpha)), measured.acceptance, delta=delta,
+                  prompts=measured.by_prompt)

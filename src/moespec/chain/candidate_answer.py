@@ -175,14 +175,16 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
     (`positional.expected_pass_times`: a lookup that finds no match verifies one token), ĥ(k) the calibration's draft
     cost weighted by the chance a round at k accepted all (`bench.candidate.expected_draft_cost`),
     plus, with `overhead`, the engine's own time per round outside the pass (the prediction's h(k)).
-    The band uses the prediction's δ (none when δ >= 1: the bounds are vacuous)."""
+    The band uses the prediction's δ (none when δ >= 1: the bounds are vacuous) and, where the calibration
+    kept each prompt's counts, spans the bootstrap over its prompts (`positional.answer`)."""
     kmax = calibration.kmax
     got = prediction_tau(prediction, kmax=kmax, version=version, kernel=kernel, depth=depth)
     acceptance = calibration.measured.acceptance
     own = expected_draft_cost(calibration.cost, acceptance.alpha[:kmax])
     h = [float(x) + (o if overhead else 0.0) for x, o in zip(own, got.overhead)]
     passes = [float(t) for t in expected_pass_times(got.tau, acceptance.draft_share)]
-    ans = answer(draft_step_times(passes, h), acceptance, delta=got.delta if got.delta < 1 else 0)
+    ans = answer(draft_step_times(passes, h), acceptance, delta=got.delta if got.delta < 1 else 0,
+                 prompts=calibration.measured.by_prompt)
     if got.delta >= 1:
         ans = replace(ans, speedup_low=0.0, speedup_high=math.inf)
     ans = restricted(ans, calibration.candidate.min_k)

@@ -20,7 +20,10 @@ k_hat* = the smallest argmax of E(k)/V_hat(k), the speedup E(k_hat*) V_hat(0) / 
 (eq. (9) with E for G_a); k_hat* = 0 is the verdict "decode plainly".
 
 Exact on int/Fraction counts and times (no float is taken) except the intervals, which are Wilson
-score intervals (floats, 95% by default, one per position, not simultaneous).
+score intervals (floats, 95% by default, one per position, not simultaneous), and the band's
+bootstrap over prompts (`prompt_bootstrap_band`): rounds of one prompt are not independent (a lookup
+finds matches in a text that repeats itself, none in the next), so where the counts of each prompt
+are kept the band is the wider of the Wilson band and a 95% percentile band over prompts resampled.
 """
 
 from __future__ import annotations
@@ -287,13 +290,42 @@ def best_speedup(V: Sequence, alpha: Sequence):
     return exact_div(max(r), r[0])
 
 
-def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0) -> PositionalAnswer:
+BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 2000, 0  # prompt resamples of the band; a fixed seed: the same band each run
+
+
+def prompt_bootstrap_band(V: Sequence, prompts: Sequence[PositionalAcceptance], *, level: float = 0.95,
+                          draws: int = BOOTSTRAP_DRAWS, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """The central `level` percentile band of max_k E(k) V(0)/V(k) over `draws` resamples of the
+    prompts with replacement, each resample's counts pooled before its alphas are taken (a cluster
+    bootstrap: the prompt, not the round, is the unit drawn). V: [kmax + 1]; prompts: per-prompt counts."""
+    import numpy as np
+
+    if len(prompts) < 2:
+        raise ValueError(f"a bootstrap over prompts needs at least 2 prompts' counts, got {len(prompts)}")
+    kmax = len(V) - 1
+    at_risk = np.array([p.at_risk[:kmax] for p in prompts], dtype=float).reshape(len(prompts), kmax)
+    accepted = np.array([p.accepted[:kmax] for p in prompts], dtype=float).reshape(len(prompts), kmax)
+    picks = np.random.default_rng(seed).integers(0, len(prompts), size=(draws, len(prompts)))
+    n, a = at_risk[picks].sum(axis=1), accepted[picks].sum(axis=1)  # [draws, kmax]
+    alpha = np.divide(a, n, out=np.zeros_like(a), where=n > 0)
+    E = np.concatenate([np.ones((draws, 1)), 1 + np.cumsum(np.cumprod(alpha, axis=1), axis=1)], axis=1)
+    Vf = np.array([float(v) for v in V])
+    best = (E * Vf[0] / Vf).max(axis=1)  # [draws] the best speedup of each resample
+    tail = (1 - level) / 2
+    return float(np.quantile(best, tail)), float(np.quantile(best, 1 - tail))
+
+
+def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
+           prompts: Sequence[PositionalAcceptance] = ()) -> PositionalAnswer:
     """k_hat*, its speedup and its band for one candidate, from V_hat(0..kmax) and its positional counts.
 
     The band holds the true best speedup T(k*)/T(0) when every alpha_j lies in its interval and every
     V_hat(k) within delta of the true V(k) (bounds (21)): [max_k E_low(k) V(0)/V(k) (1 - delta)/(1 + delta),
     max_k E_high(k) V(0)/V(k) (1 + delta)/(1 - delta)], E_low/E_high at the intervals' ends (E grows
     with every alpha_j). A bandwidth error eps gives delta = eps/(1 - eps) (`bounds.delta_from_eps`).
+    prompts: the counts of each prompt (>= 2) whose pool is `acceptance`: the band then also spans
+    `prompt_bootstrap_band`'s (the wider of the two ends each side), for the acceptance moves from one
+    prompt to the next more than independent rounds would.
     """
     V = check_step_times(V)
     kmax = len(V) - 1
@@ -307,9 +339,13 @@ def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0) -> Positio
     lows, highs = zip(*acceptance.intervals[:kmax]) if kmax else ((), ())
     Vf = [float(v) for v in V]
     a = acceptance.geometric if all(is_exact(v) for v in V) else float(acceptance.geometric)
+    low, high = float(best_speedup(Vf, lows)), float(best_speedup(Vf, highs))
+    if len(prompts) >= 2:
+        boot_low, boot_high = prompt_bootstrap_band(Vf, prompts)
+        low, high = min(low, boot_low), max(high, boot_high)
     return PositionalAnswer(
         k_star=k_star, speedup=exact_div(expected_tokens_positional(alpha, k_star) * V[0], V[k_star]),
-        speedup_low=float(best_speedup(Vf, lows) * shrink), speedup_high=float(best_speedup(Vf, highs) * grow),
+        speedup_low=float(low * shrink), speedup_high=float(high * grow),
         expected=tuple(expected_tokens_positional(alpha, k) for k in range(kmax + 1)),
         geometric=tuple(expected_tokens_positional([a] * kmax, k) for k in range(kmax + 1)),
         step_times=tuple(V), n_min=shortest_paying_draft_positional(V, alpha),
