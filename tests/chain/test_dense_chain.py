@@ -77,3 +77,10 @@ def test_the_dense_prediction_is_tau1_plus_the_files_products_and_rest(dense_run
     want = [tau1 + o[n] - o[1] for n in (1, 2, 3)]
     assert entry["versions"]["calibrated"]["tau"]["dedup"] == pytest.approx(want)
     assert "measured-time" in entry["unavailable"]
+    # prediction-outside: the same terms as the characterization timed them, apart from any pass
+    char = artifacts.load(out / run_files.DENSE_CHARACTERIZATION, run_files.KINDS[run_files.DENSE_CHARACTERIZATION])
+    dense, rest = char["payload"]["dense"]["median"], char["payload"]["rest"]["median"][str(entry["depth"])]
+    apart = {n: dense[str(n)] + rest[str(n)] for n in (1, 2, 3)}
+    assert entry["prediction_outside"] == "dense-ops+rest"
+    assert entry["versions"]["prediction-outside"]["tau"]["dedup"] == pytest.approx(
+        [tau1 + apart[n] - apart[1] for n in (1, 2, 3)])

@@ -170,8 +170,26 @@ def test_calibrated_growth_is_taken_pass_by_pass():
         for i, n in enumerate(NS):
             assert cal.tau[kernel][i] == pytest.approx(plain.tau[kernel][i] + o[n] - o[1], rel=1e-12)
     entry = predict_all(characterization(), TRACE, base())["depths"][0]
-    assert set(entry["versions"]) == set(VERSIONS) and entry["unavailable"] == {}
+    # every version but prediction-outside: this characterization (torch's kind) timed no D(n) alone
+    assert set(entry["versions"]) == set(VERSIONS) - {"prediction-outside"}
+    assert Unavailable(entry["unavailable"]["prediction-outside"]["reason"]) == Unavailable.NO_OUTSIDE_TERMS
     assert entry["calibrated_on"] == CalibratedOn.MEASURED_TIME
+
+
+def test_prediction_outside_adds_the_characterizations_own_terms_to_the_prediction():
+    # D(n) and R_d(n) timed alone: o(n) = 1, 3, 6 ms at n = 1, 2, 3 (D 1, 2, 4; R 0, 1, 2); the
+    # version is the prediction plus o(n) - o(1) at every n and kernel
+    char = characterization()
+    char["dense"] = {"median": {"1": 0.001, "2": 0.002, "3": 0.004}}
+    char["rest"] = {"median": {str(D): {"1": 0.0, "2": 0.001, "3": 0.002}}}
+    plain = predict_from_artifacts(char, TRACE, base(), version="prediction")
+    grown = predict_from_artifacts(char, TRACE, base(), version="prediction-outside")
+    for kernel in ("slot", "dedup"):
+        for i, g in enumerate((0.0, 0.002, 0.005)):
+            assert grown.tau[kernel][i] == pytest.approx(plain.tau[kernel][i] + g, rel=1e-12)
+    assert grown.S == pytest.approx(plain.S)  # the growth outside the experts cancels in the saving
+    entry = predict_all(char, TRACE, base())["depths"][0]
+    assert set(entry["versions"]) == set(VERSIONS) and entry["prediction_outside"] == "dense-ops+rest"
 
 
 def test_calibrated_version_without_the_pass_split_is_unavailable():
@@ -273,7 +291,7 @@ def test_score_all_marks_a_version_without_its_sweep_unavailable():
     assert scored["versions"] == {}
     reasons = {v: Unavailable(u["reason"]) for v, u in scored["unavailable"].items()}
     assert reasons == {"prediction": Unavailable.NO_SWEEP, "measured-time": Unavailable.NO_SWEEP,
-                       "calibrated": Unavailable.NO_PASS_SPLIT}
+                       "calibrated": Unavailable.NO_PASS_SPLIT, "prediction-outside": Unavailable.NO_OUTSIDE_TERMS}
     full = score_all(pred, measurement())["depths"][0]
     assert set(full["versions"]) == {"prediction", "measured-time"}
 

@@ -49,9 +49,11 @@ def characterize_dense(*, gguf: Path, path: Path, ns: Sequence[int], depths: Seq
 
 def dense_versions(char: dict[str, Any], measurement_base: dict[str, Any], depth: int,
                    acceptance: Sequence[float]) -> dict[str, Any]:
-    """The prediction's entry at one verify depth: the paper's version (flat at τ_meas(1)) and the
-    calibrated one (+ g(n) from D and R_d), as `chain.prediction.predict_all` writes them."""
-    from moespec.chain.prediction import base_inputs, outside_times
+    """The prediction's entry at one verify depth: the paper's version (flat at τ_meas(1)), the
+    prediction-outside one (+ g(n) from D and R_d timed by the characterization alone) and the
+    calibrated one (+ g(n) from D and R_d, beside the passes where they were timed so), as
+    `chain.prediction.predict_all` writes them."""
+    from moespec.chain.prediction import base_inputs, outside_apart, outside_times
     from moespec.costmodel.predict import predict_without_experts
 
     base = base_inputs(measurement_base, depth)
@@ -61,13 +63,15 @@ def dense_versions(char: dict[str, Any], measurement_base: dict[str, Any], depth
         raise ValueError(f"the dense characterization's pass sizes {sorted(char['n'])} and the verify times' "
                          f"{base.ns} share no n = 1..n_max >= 2; characterize and measure the same n")
     outside, source = outside_times(base, char, ns)
+    apart, apart_source = outside_apart(char, base.depth, ns) or (outside, source)
     common = dict(n_max=ns[-1], tau1=base.tau1, h=base.h[: ns[-1]], acceptance=acceptance)
-    return {"depth": base.depth,
-            "versions": {"prediction": predict_without_experts(version="prediction", **common).to_dict(),
-                         "calibrated": predict_without_experts(version="calibrated", outside=outside,
-                                                               **common).to_dict()},
+    versions = {"prediction": predict_without_experts(version="prediction", **common),
+                "prediction-outside": predict_without_experts(version="prediction-outside", outside=apart, **common),
+                "calibrated": predict_without_experts(version="calibrated", outside=outside, **common)}
+    return {"depth": base.depth, "versions": {name: v.to_dict() for name, v in versions.items()},
             "unavailable": {"measured-time": {"reason": Unavailable.NO_OPERATION_TIMES.value, "message": NO_EXPERTS}},
-            "calibrated_outside": source, "calibrated_on": CalibratedOn.PREDICTION.value}
+            "calibrated_outside": source, "prediction_outside": apart_source,
+            "calibrated_on": CalibratedOn.PREDICTION.value}
 
 
 def predict_dense(*, path: Path, characterization: Path, measurement_base: Path,

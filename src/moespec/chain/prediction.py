@@ -231,16 +231,26 @@ def outside_times(base: BaseInputs, char: Mapping[str, Any], ns: list[int]) -> t
     beside = base.beside or {}
     if set(ns) <= set(beside):
         return {n: pass_time(beside[n]) for n in ns}, "beside-passes"
+    got = outside_apart(char, base.depth, ns)
+    if got is None:
+        raise VersionUnavailable(Unavailable.NO_PASS_SPLIT, (
+            f"the base measurement's per-slot passes at depth {base.depth} hold no time inside their experts "
+            "modules, and the characterization has no dense products' times D(n) at every n; measure again "
+            "with this moespec (`moespec measure`; on llama.cpp, `moespec characterize` the GGUF file)"))
+    return got
+
+
+def outside_apart(char: Mapping[str, Any], depth: int, ns: list[int]) -> tuple[dict[int, float], str] | None:
+    """(o(n), where it comes from) from the characterization alone, timed apart from any verify pass:
+    D(n) + R_d(n) at `depth`, "dense-ops+rest", or D(n) alone, "dense-ops"; None without D(n) at
+    every n (a torch characterization, which times no dense products)."""
     dense = (char.get("dense") or {}).get("median", {})
-    if {str(n) for n in ns} <= set(dense):
-        rest = rest_at(char, base.depth)
-        if {str(n) for n in ns} <= set(rest):
-            return {n: dense[str(n)] + rest[str(n)] for n in ns}, "dense-ops+rest"
-        return {n: dense[str(n)] for n in ns}, "dense-ops"
-    raise VersionUnavailable(Unavailable.NO_PASS_SPLIT, (
-        f"the base measurement's per-slot passes at depth {base.depth} hold no time inside their experts "
-        "modules, and the characterization has no dense products' times D(n) at every n; measure again with "
-        "this moespec (`moespec measure`; on llama.cpp, `moespec characterize` the GGUF file)"))
+    if not {str(n) for n in ns} <= set(dense):
+        return None
+    rest = rest_at(char, depth)
+    if {str(n) for n in ns} <= set(rest):
+        return {n: dense[str(n)] + rest[str(n)] for n in ns}, "dense-ops+rest"
+    return {n: dense[str(n)] for n in ns}, "dense-ops"
 
 
 def rest_at(char: Mapping[str, Any], depth: int) -> dict[str, float]:
@@ -313,8 +323,11 @@ def _predict(char: Mapping[str, Any], trace: RoutingTrace, measurement_base: Map
         raise VersionUnavailable(Unavailable.TOO_FEW_PASS_SIZES, (
             f"pass sizes shared by the characterization and the verify times: {ns}; need 1..n_max >= 2"))
     made_of: dict[str, Any] = {}
-    if version == "prediction":
+    outside = None
+    if version in ("prediction", "prediction-outside"):
         ops = _fit_times(char, trace, ns)
+        if version == "prediction-outside":
+            outside, made_of["prediction_outside"] = _apart_or_unavailable(char, base.depth, ns)
     else:
         try:
             ops, made_of["measured_time_windows"] = _measured_inputs(char, trace, base, ns)
@@ -323,7 +336,6 @@ def _predict(char: Mapping[str, Any], trace: RoutingTrace, measurement_base: Map
             if version == "measured-time":
                 raise
             ops, on = _fit_times(char, trace, ns), CalibratedOn.PREDICTION
-    outside = None
     if version == "calibrated":
         outside, made_of["calibrated_outside"] = outside_times(base, char, ns)
         made_of["calibrated_on"] = on
@@ -333,6 +345,17 @@ def _predict(char: Mapping[str, Any], trace: RoutingTrace, measurement_base: Map
     except NonPositiveTime as e:
         raise VersionUnavailable(Unavailable.NONPOSITIVE_TIME, str(e)) from e
     return p, made_of
+
+
+def _apart_or_unavailable(char: Mapping[str, Any], depth: int, ns: list[int]) -> tuple[dict[int, float], str]:
+    """`outside_apart`, or VersionUnavailable for the prediction-outside version."""
+    got = outside_apart(char, depth, ns)
+    if got is None:
+        raise VersionUnavailable(Unavailable.NO_OUTSIDE_TERMS, (
+            "the characterization timed no dense products D(n) at every n, the term the prediction-outside "
+            "version adds (a torch chain times none: its calibrated version reads the passes' own split); "
+            "on llama.cpp, characterize the GGUF file with this moespec"))
+    return got
 
 
 def predict_from_artifacts(

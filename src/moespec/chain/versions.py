@@ -15,6 +15,7 @@ class Unavailable(StrEnum):
     TOO_FEW_PASS_SIZES = "too-few-pass-sizes"  # characterization and verify times share no n = 1..n_max >= 2
     NO_OPERATION_TIMES = "no-operation-times"  # measured-time: no measured operation time for a layer and n
     NO_PASS_SPLIT = "no-pass-split"  # calibrated: the per-slot passes were not split into inside and outside
+    NO_OUTSIDE_TERMS = "no-outside-terms"  # prediction-outside: the characterization timed no D(n) (torch times none)
     NONPOSITIVE_TIME = "nonpositive-time"  # an operation or predicted verify time <= 0 (a fit below zero, say)
     NO_SWEEP = "no-sweep"  # score: the measurement lacks the oracle sweep's kernel, depth or cells
 

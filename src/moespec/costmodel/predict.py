@@ -10,7 +10,9 @@ the time per step outside the verify pass. Nothing comes from a speculative run.
 t̄_l(1) is the per-slot kernel's one-token time, because the engine runs that kernel at n = 1 with
 deduplication off and on (the paper's one correction after comparing with measurements). The
 *calibrated version* adds g(n), the growth with n of the time outside the expert operation, read
-inside the per-slot verify passes (`_calibrate`). From τ̂ follow the saving Ŝ(n) with the band
+inside the per-slot verify passes (`_calibrate`); the *prediction-outside* version adds it to the
+prediction from the outside terms timed alone (on llama.cpp D(n) + R_d(n)), so that it still reads no
+whole-model time but τ_meas(1) (issue 51: on a CPU much of a pass's growth lies outside the experts). From τ̂ follow the saving Ŝ(n) with the band
 of (18), the crossover (Sec. 2), V̂(k) = τ̂_p(k+1) + h(k), k̂*(a), the speedup and (20)–(21).
 """
 
@@ -35,9 +37,13 @@ from moespec.kernel_names import COST_AUTO, COST_DEDUP, COST_KERNELS, COST_SLOT
 
 # The paper's grid (Sec. 4, App. D.2): 11 acceptance values from 0.2 to 0.98.
 ACCEPTANCE_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
-VERSIONS = ("prediction", "measured-time", "calibrated")
+VERSIONS = ("prediction", "prediction-outside", "measured-time", "calibrated")
+# The versions that add g(n) = o(n) − o(1), the growth of the pass outside the expert operation
+# (`_calibrate`): the calibrated one (o(n) from or beside the verify passes) and the prediction with
+# that term (o(n) timed alone by the characterization: still no whole-model time but τ_meas(1)).
+OUTSIDE_VERSIONS = ("prediction-outside", "calibrated")
 # The version a user's answer and settings read: the one closest to the machine that is available.
-PREFERENCE = ("calibrated", "measured-time", "prediction")
+PREFERENCE = ("calibrated", "measured-time", "prediction-outside", "prediction")
 # "auto" runs, at each pass size, the kernel that the prediction says is faster.
 KERNELS = (*COST_KERNELS, COST_AUTO)
 
@@ -227,9 +233,9 @@ def _staircase(V: list[float], acceptance: Sequence[float], delta: float) -> dic
 def _check_version(version: str, outside: Mapping[Any, float] | None) -> None:
     if version not in VERSIONS:
         raise ValueError(f"version={version!r}; choose one of {VERSIONS}")
-    if (version == "calibrated") != (outside is not None):
+    if (version in OUTSIDE_VERSIONS) != (outside is not None):
         given = "given" if outside is not None else None
-        raise ValueError("outside is required by the calibrated version and used by no other; "
+        raise ValueError(f"outside is required by the versions {OUTSIDE_VERSIONS} and used by no other; "
                          f"got version={version!r} with outside={given}")
 
 
@@ -286,9 +292,11 @@ def predict(
     tau1: τ_meas(1), the measured whole-model one-token verify time.
     h: [kmax+1] time per step outside the verify pass, k = 0..kmax (kmax + 1 <= n_max).
     eps: the engine's bandwidth error ε (the larger of its two kernels'), for the band of (18).
-    version: "prediction" (fit times), "measured-time" (measured times) or "calibrated".
-    outside: {n: o(n)}, n = 1..n_max, the time outside the expert operation read inside the per-slot
-        passes (`_calibrate`); required by, and only by, the calibrated version.
+    version: "prediction" (fit times), "prediction-outside" (fit times + g(n)), "measured-time"
+        (measured times) or "calibrated" (measured times + g(n)).
+    outside: {n: o(n)}, n = 1..n_max, the time outside the expert operation (`_calibrate`): read inside
+        the per-slot passes or timed beside them for the calibrated version, timed alone by the
+        characterization for prediction-outside; required by, and only by, those two.
     delta: δ of (20)–(21); default ε/(1−ε) from (C.7).
     """
     return _from_operation_times(_operation_times(t_slot, t_dedup), tau1=tau1, h=h, eps=eps, version=version,

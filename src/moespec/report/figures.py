@@ -20,7 +20,8 @@ from moespec.costmodel.bounds import speedup_bounds
 from moespec.report.plotting import plt
 from moespec.report.plotting import save as _save
 
-VERSION_STYLE = {"prediction": ("C0", "-"), "measured-time": ("C1", "--"), "calibrated": ("C2", ":")}
+VERSION_STYLE = {"prediction": ("C0", "-"), "prediction-outside": ("C3", "-."), "measured-time": ("C1", "--"),
+                 "calibrated": ("C2", ":")}
 
 
 def plot_bytes(analysis, path: str | Path) -> Path:
