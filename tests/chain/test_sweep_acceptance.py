@@ -69,8 +69,8 @@ def test_a_sweep_that_missed_every_acceptance_is_not_scored_and_the_trust_line_s
     score = score_all(pred, measurement(missed))
     entry = score["depths"][0]
     assert entry["versions"] == {}
-    assert {Unavailable(u["reason"]) for u in entry["unavailable"].values()} <= {Unavailable.NO_SWEEP,
-                                                                                Unavailable.NO_PASS_SPLIT}
+    assert {Unavailable(u["reason"]) for u in entry["unavailable"].values()} <= {
+        Unavailable.NO_SWEEP, Unavailable.NO_PASS_SPLIT, Unavailable.NO_OUTSIDE_TERMS}
     assert "did not run at its set acceptance" in entry["unavailable"]["prediction"]["message"]
     trust = answer_blocks({"prediction": pred, "score": score, "measurement": measurement(missed)})[-1]
     assert "could not be scored" in trust and "did not run at its set acceptance" in trust
