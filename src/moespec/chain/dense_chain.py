@@ -53,7 +53,7 @@ def dense_versions(char: dict[str, Any], measurement_base: dict[str, Any], depth
     prediction-outside one (+ g(n) from D and R_d timed by the characterization alone) and the
     calibrated one (+ g(n) from D and R_d, beside the passes where they were timed so), as
     `chain.prediction.predict_all` writes them."""
-    from moespec.chain.prediction import base_inputs, outside_apart, outside_times
+    from moespec.chain.prediction import apart_or_unavailable, base_inputs, outside_times
     from moespec.costmodel.predict import predict_without_experts
 
     base = base_inputs(measurement_base, depth)
@@ -63,7 +63,7 @@ def dense_versions(char: dict[str, Any], measurement_base: dict[str, Any], depth
         raise ValueError(f"the dense characterization's pass sizes {sorted(char['n'])} and the verify times' "
                          f"{base.ns} share no n = 1..n_max >= 2; characterize and measure the same n")
     outside, source = outside_times(base, char, ns)
-    apart, apart_source = outside_apart(char, base.depth, ns) or (outside, source)
+    apart, apart_source = apart_or_unavailable(char, base.depth, ns)  # D(n) is what a dense characterization times
     common = dict(n_max=ns[-1], tau1=base.tau1, h=base.h[: ns[-1]], acceptance=acceptance)
     versions = {"prediction": predict_without_experts(version="prediction", **common),
                 "prediction-outside": predict_without_experts(version="prediction-outside", outside=apart, **common),

@@ -327,7 +327,7 @@ def _predict(char: Mapping[str, Any], trace: RoutingTrace, measurement_base: Map
     if version in ("prediction", "prediction-outside"):
         ops = _fit_times(char, trace, ns)
         if version == "prediction-outside":
-            outside, made_of["prediction_outside"] = _apart_or_unavailable(char, base.depth, ns)
+            outside, made_of["prediction_outside"] = apart_or_unavailable(char, base.depth, ns)
     else:
         try:
             ops, made_of["measured_time_windows"] = _measured_inputs(char, trace, base, ns)
@@ -347,7 +347,7 @@ def _predict(char: Mapping[str, Any], trace: RoutingTrace, measurement_base: Map
     return p, made_of
 
 
-def _apart_or_unavailable(char: Mapping[str, Any], depth: int, ns: list[int]) -> tuple[dict[int, float], str]:
+def apart_or_unavailable(char: Mapping[str, Any], depth: int, ns: list[int]) -> tuple[dict[int, float], str]:
     """`outside_apart`, or VersionUnavailable for the prediction-outside version."""
     got = outside_apart(char, depth, ns)
     if got is None:
