@@ -9,7 +9,7 @@ import torch
 
 from moespec.backends import llama_steps
 from moespec.backends.llama_model import LlamaModel
-from moespec.backends.protocol import GreedyByLogits, NoMaximum, argmax_rows
+from moespec.backends.protocol import GreedyByLogits, NoMaximum, StepStop, argmax_rows, fold
 from tests.conftest import require_llama
 
 PROMPT = [256, *range(40, 71)]
@@ -46,6 +46,35 @@ def test_a_produced_eos_ends_the_run(gguf_files):
     assert stopped == free[: first + 1] and model.length == len(PROMPT) + first
 
 
+def stop_rules(vocab: int, produced: list[int]) -> list[StepStop]:
+    """A seen rule with the prompt marked, and a pool rule whose one entry is the 3-gram ending at
+    produced[5] (its tail the prompt's last two tokens): both end a run of `produced`'s steps early."""
+    seen = np.zeros(vocab, dtype=np.uint8)
+    seen[PROMPT] = 1
+    pool = np.full(1 << 20, -1, dtype=np.int32)
+    pool[fold(produced[3:6]) % len(pool)] = 0
+    return [StepStop(seen=seen), StepStop(pool=pool, tail=np.array(PROMPT[-2:], dtype=np.int32)),
+            StepStop(seen=seen.copy(), pool=pool, tail=np.array(PROMPT[-2:], dtype=np.int32))]
+
+
+def test_a_stop_rule_ends_the_compiled_run_where_the_python_loop_ends(gguf_files):
+    fast, slow = (LlamaModel(gguf_files["olmoe-q8_0"], threads=1, n_ctx=256) for _ in range(2))
+    for m in (fast, slow):
+        m.extend(torch.tensor(PROMPT[:-1]))
+    free, _ = fast.greedy_steps(PROMPT[-1], 30, fast.n_vocab)
+    fast.truncate(len(PROMPT) - 1)
+    for compiled, python in zip(stop_rules(fast.n_vocab, free), stop_rules(fast.n_vocab, free)):
+        got, _ = fast.greedy_steps(PROMPT[-1], 30, fast.n_vocab, stop=compiled)
+        want, _ = GreedyByLogits.greedy_steps(slow, PROMPT[-1], 30, slow.n_vocab, stop=python)
+        assert got == want == free[: len(got)] and len(got) < 30
+        assert compiled.pool is None or len(got) <= 6  # the pool rule fires at step 6 at the latest
+        for name in ("seen", "tail"):  # the C loop updated the rule's arrays as StepStop.fires does
+            a, b = getattr(compiled, name), getattr(python, name)
+            assert (a is None and b is None) or np.array_equal(a, b), name
+        for m in (fast, slow):
+            m.truncate(len(PROMPT) - 1)
+
+
 def test_extend_argmax_reads_the_rows_extend_returns(gguf_files):
     model = LlamaModel(gguf_files["olmoe-q8_0"], threads=1, n_ctx=256)
     ids = torch.tensor(PROMPT)
@@ -64,8 +93,8 @@ def test_a_row_without_a_finite_maximum_is_named_by_its_step(gguf_files, monkeyp
     model.extend(torch.tensor(PROMPT[:-1]))
     real = llama_steps.greedy_steps
 
-    def two_then_bad(ctx, batch, seq, token, pos, steps, limit, eos):
-        out, seconds, status, _ = real(ctx, batch, seq, token, pos, 2, limit, eos)
+    def two_then_bad(ctx, batch, seq, token, pos, steps, limit, eos, stop=None):
+        out, seconds, status, _ = real(ctx, batch, seq, token, pos, 2, limit, eos, stop)
         return out, seconds, status, 2  # the third step's row "had" no finite maximum
 
     monkeypatch.setattr(llama_steps, "greedy_steps", two_then_bad)

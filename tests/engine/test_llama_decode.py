@@ -84,3 +84,34 @@ def test_stats_carry_the_same_fields_on_both_backends(gguf_files):
     assert on_llama.keys() == on_torch.keys()
     assert on_llama["target_forward_s"] > 0 and on_llama["draft_forward_s"] > 0 and on_llama["policy"]["policy"] == "auto"
     assert 0 < on_llama["overhead_share"] < 1
+
+
+def test_rounds_without_a_proposal_run_in_the_compiled_loop_with_the_same_records(gguf_files, monkeypatch):
+    """Prompt lookup and ngram-mod on llama.cpp: the quiet runs (`round.quiet_rounds`, compiled steps
+    with the drafter's stop rule) give the tokens and round records of asking the drafter every round."""
+    from moespec.backends import llama_steps
+    from moespec.engine.ngram import NgramMod
+    from moespec.engine.proposers import HostDrafter
+
+    target, _ = load(str(gguf_files["olmoe-q8_0"]), backend="llama.cpp", threads=1)
+    real, quiet_calls = llama_steps.greedy_steps, []
+
+    def counted(*args):
+        quiet_calls.append(args[-1] is not None and len(args) == 9)
+        return real(*args)
+
+    monkeypatch.setattr(llama_steps, "greedy_steps", counted)
+    runs = {}
+    for asked in (False, True):
+        if asked:
+            assert any(quiet_calls)  # the quiet runs were taken
+            monkeypatch.setattr(HostDrafter, "quiet", lambda self, context, width: None)
+            for cls in (PromptLookup, NgramMod):
+                monkeypatch.delattr(cls, "quiet")
+        for prompt in _code_prompts(2):
+            for name, make in (("lookup", lambda: PromptLookup(2)), ("ngram-mod", lambda: NgramMod(2, 3, 1))):
+                out = generate(target, prompt, draft=make(), k=3, max_new_tokens=NEW, vocab_limit=259)
+                runs.setdefault(asked, []).append((out.tokens, out.stats.tokens_per_round, out.stats.k_per_round,
+                                                   out.stats.drafted_by_position, out.stats.accepted_by_position))
+    assert runs[False] == runs[True]
+    assert all(sum(r[3]) > 0 for r in runs[False])  # each drafted somewhere; the quiet runs filled the rest

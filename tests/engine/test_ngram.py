@@ -82,14 +82,14 @@ def test_mod_empties_its_pool_after_five_poor_drafts():
         assert drafts(mod, context) == [1, 2, 3, 7]
         mod.commit(len(context))  # none of 4 accepted
     mod.commit(len(context))  # no proposal since: not counted
-    assert mod.pool and mod.n_low == 4
+    assert mod.filled and mod.n_low == 4
     drafts(mod, context)
     mod.commit(len(context) + 1)  # 1 of 4 = 25%, not below: the streak ends
     assert mod.n_low == 0
     for _ in range(5):
         drafts(mod, context)
         mod.commit(len(context))
-    assert not mod.pool and mod.resets == 1 and mod.i_last == 0
+    assert not mod.filled and (mod.pool == -1).all() and mod.resets == 1 and mod.i_last == 0
 
 
 V = 6  # a small vocabulary: the table model's greedy text repeats, so n-grams recur

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from moespec.backends import llama_lib, llama_steps
-from moespec.backends.protocol import GreedyByLogits, NoMaximum, argmax_rows, output_rows
+from moespec.backends.protocol import GreedyByLogits, NoMaximum, StepStop, argmax_rows, output_rows
 
 DEFAULT_CONTEXT = 8192  # positions, unless the file was trained on fewer (n_ctx)
 DEFAULT_BATCH = 512  # tokens per llama_decode call (n_batch = n_ubatch), llama.cpp's default
@@ -154,18 +154,20 @@ class LlamaModel(GreedyByLogits):
             raise NoMaximum.in_row(got, row)
         return got.tolist()
 
-    def greedy_steps(self, token: int, steps: int, limit: int,
-                     eos: Collection[int] = ()) -> tuple[list[int], list[float]]:
+    def greedy_steps(self, token: int, steps: int, limit: int, eos: Collection[int] = (),
+                     stop: StepStop | None = None) -> tuple[list[int], list[float]]:
         """The protocol's greedy steps, every one in compiled code: one llama_decode of one token and
-        the argmax of its row per step, with no Python between them (`llama_steps`)."""
+        the argmax of its row per step, and the stop rule's check, with no Python between them
+        (`llama_steps`)."""
         if not llama_steps.available():
-            return GreedyByLogits.greedy_steps(self, token, steps, limit, eos)
+            return GreedyByLogits.greedy_steps(self, token, steps, limit, eos, stop)
         start = len(self.tokens)
         if start + steps > self.capacity:
             raise ValueError(f"{self.path.name}: {start} + {steps} positions exceed the context of {self.capacity}; "
                              "load the model with a larger n_ctx")
         produced, seconds, status, bad = llama_steps.greedy_steps(
-            self._ctx, self._batch, 0, int(token), start, steps, limit, np.fromiter(eos, dtype=np.int32, count=len(eos)))
+            self._ctx, self._batch, 0, int(token), start, steps, limit, np.fromiter(eos, dtype=np.int32, count=len(eos)),
+            stop)
         llama_lib.count_pass()
         self.tokens.extend([int(token), *produced.tolist()] if bad is not None else
                            [int(token), *produced[:-1].tolist()] if len(produced) else [])

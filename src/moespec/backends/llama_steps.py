@@ -25,12 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from moespec.backends import llama_lib
+from moespec.backends.protocol import StepStop
 from moespec.cache import cache_dir
 
 SOURCE = Path(__file__).parent / "csrc" / "llama_steps.c"
 NO_COMPILE = "MOESPEC_NO_COMPILE"
 NO_ROW, NOT_FINITE, BAD_ROW = -1, -2, 1_000_000  # the C file's STEPS_* codes
-_I32P, _F64P = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_double)
+_I32P, _F64P, _U8P = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_uint8)
 
 
 def _build() -> Path:
@@ -69,8 +70,8 @@ def library():
     lib.moespec_rows_argmax.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _I32P, _I32P]
     lib.moespec_rows_argmax.restype = ctypes.c_int32
     lib.moespec_greedy_steps.argtypes = [ctypes.c_void_p, L.llama_batch, ctypes.c_int32, ctypes.c_int32,
-                                         ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _I32P, ctypes.c_int32, _I32P,
-                                         _F64P, _I32P]
+                                         ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _I32P, ctypes.c_int32, _U8P,
+                                         _I32P, ctypes.c_uint64, ctypes.c_int32, _I32P, _I32P, _F64P, _I32P]
     lib.moespec_greedy_steps.restype = ctypes.c_int32
     lib.moespec_batch_greedy_steps.argtypes = [ctypes.c_void_p, L.llama_batch, ctypes.c_int32, _I32P, _I32P, _I32P,
                                                ctypes.c_int32, ctypes.c_int32, _I32P, ctypes.c_int32, _I32P, _F64P,
@@ -94,23 +95,41 @@ def rows_argmax(ctx, first: int, rows: int, limit: int) -> np.ndarray | int:
     return int(failed.value) if code == NOT_FINITE else out
 
 
-def greedy_steps(ctx, batch, seq: int, token: int, pos: int, steps: int, limit: int,
-                 eos: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int | None]:
+def greedy_steps(ctx, batch, seq: int, token: int, pos: int, steps: int, limit: int, eos: np.ndarray,
+                 stop: StepStop | None = None) -> tuple[np.ndarray, np.ndarray, int, int | None]:
     """Up to `steps` greedy steps from `token` fed at `pos` of sequence `seq`: (tokens produced [s] int32,
     seconds of each [s], llama_decode's status (0: none failed), the step whose row had no finite
-    maximum or None). A step that produced an id of eos ([e] int32) is the last."""
+    maximum or None). A step that produced an id of eos ([e] int32), or a token `stop` fires on (its
+    arrays updated in place, as `StepStop.fires` would), is the last."""
     out = np.empty(steps, dtype=np.int32)
     seconds = np.empty(steps, dtype=np.float64)
     status = ctypes.c_int32(0)
-    done = library().moespec_greedy_steps(ctx, batch, seq, token, pos, steps, limit, eos.ctypes.data_as(_I32P),
-                                          len(eos), out.ctypes.data_as(_I32P), seconds.ctypes.data_as(_F64P),
-                                          ctypes.byref(status))
+    seen, pool, tail = _stop_arrays(stop)
+    done = library().moespec_greedy_steps(
+        ctx, batch, seq, token, pos, steps, limit, eos.ctypes.data_as(_I32P), len(eos),
+        None if seen is None else seen.ctypes.data_as(_U8P), None if pool is None else pool.ctypes.data_as(_I32P),
+        0 if pool is None else len(pool), 0 if tail is None else len(tail) + 1,
+        None if tail is None else tail.ctypes.data_as(_I32P), out.ctypes.data_as(_I32P),
+        seconds.ctypes.data_as(_F64P), ctypes.byref(status))
     if done <= -BAD_ROW:
         bad = -done - BAD_ROW
         return out[:bad], seconds[:bad], 0, bad
     if done < 0:
         return out[: -done - 1], seconds[: -done - 1], int(status.value), None
     return out[:done], seconds[:done], 0, None
+
+
+def _stop_arrays(stop: StepStop | None) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """The stop rule's arrays as the C loop reads and updates them: (seen uint8, pool int32, tail int32)."""
+    if stop is None:
+        return None, None, None
+    for name, dtype in (("seen", np.uint8), ("pool", np.int32), ("tail", np.int32)):
+        a = getattr(stop, name)
+        if a is not None and (a.dtype != dtype or not a.flags.c_contiguous):
+            raise ValueError(f"StepStop.{name} must be a contiguous {np.dtype(dtype).name} array, got {a.dtype}")
+    if (stop.pool is None) != (stop.tail is None):
+        raise ValueError("StepStop needs pool and tail together (or neither)")
+    return stop.seen, stop.pool, stop.tail
 
 
 def batch_greedy_steps(ctx, batch, seqs: np.ndarray, tokens: np.ndarray, pos: np.ndarray, steps: int, limit: int,

@@ -24,6 +24,7 @@ sequence id, and one pass feeds a `Part` (sequence id, its tokens) of each
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Collection, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -52,12 +53,12 @@ class SpecModel(Protocol):
     def extend_argmax(self, tokens: torch.Tensor, limit: int, outputs: int | None = None) -> list[int]:
         """`extend`, returning only each new row's greedy token: its first maximal id below `limit`."""
 
-    def greedy_steps(self, token: int, steps: int, limit: int,
-                     eos: Collection[int] = ()) -> tuple[list[int], list[float]]:
+    def greedy_steps(self, token: int, steps: int, limit: int, eos: Collection[int] = (),
+                     stop: StepStop | None = None) -> tuple[list[int], list[float]]:
         """Up to `steps` greedy one-token steps: feed `token`, take its row's greedy token, feed that, ...;
-        (the tokens produced, each step's seconds). A step that produces an id of `eos` is the last;
-        the last token produced is not fed (the round invariant: the cache lags the text by one).
-        NoMaximum names the step whose row had no finite maximum."""
+        (the tokens produced, each step's seconds). A step that produces an id of `eos`, or a token
+        `stop` fires on, is the last; the last token produced is not fed (the round invariant: the
+        cache lags the text by one). NoMaximum names the step whose row had no finite maximum."""
 
     def identity(self) -> dict | None:
         """What this model's pass times depend on, as JSON values (the store's key of it); None: no key."""
@@ -99,6 +100,46 @@ class BatchModel(Protocol):
         [steps', parts], each step's seconds)."""
 
 
+MOD_MULTIPLIER = 6364136223846793005  # llama.cpp's ngram-mod hash: res = res * this + token, in uint64
+UINT64 = (1 << 64) - 1
+
+
+def fold(tokens) -> int:
+    """llama.cpp ngram-mod's hash of an n-gram: the uint64 fold res = res * MOD_MULTIPLIER + token."""
+    res = 0
+    for token in tokens:
+        res = (res * MOD_MULTIPLIER + int(token)) & UINT64
+    return res
+
+
+@dataclass
+class StepStop:
+    """Where a run of greedy steps stops early: after a token that may let a host drafter propose
+    (`engine.proposers.HostDrafter.quiet`), so that the rounds in which it proposes nothing run as
+    plain greedy steps, in one call. Fired on each produced token, in order; it keeps its state.
+
+    seen: [W] uint8 or None: a token already marked fires; every produced token is then marked.
+    pool, tail: [P] int32 and [n - 1] int32, or None: `fold(tail + [token]) % P` indexes pool and an
+    entry >= 0 fires; the tail then drops its first token and takes this one (n = len(tail) + 1).
+    A backend's compiled steps run the same rule (csrc/llama_steps.c, `stop_after`).
+    """
+
+    seen: np.ndarray | None = None
+    pool: np.ndarray | None = None
+    tail: np.ndarray | None = None
+
+    def fires(self, token: int) -> bool:
+        fire = False
+        if self.seen is not None:
+            fire = bool(self.seen[token])
+            self.seen[token] = 1
+        if self.pool is not None:
+            fire |= bool(self.pool[fold([*self.tail.tolist(), token]) % len(self.pool)] >= 0)
+            if len(self.tail):
+                self.tail[:-1], self.tail[-1] = self.tail[1:].copy(), token
+        return fire
+
+
 class NoMaximum(ValueError):
     """A logits row without a finite maximum below the vocabulary limit: `row` (of the pass's returned
     rows) and `what` it held ("NaN", "+inf", "-inf at every allowed id", or "no finite maximum")."""
@@ -134,8 +175,8 @@ class GreedyByLogits:
     def extend_argmax(self, tokens: torch.Tensor, limit: int, outputs: int | None = None) -> list[int]:
         return argmax_rows(self.extend(tokens, outputs), limit)
 
-    def greedy_steps(self, token: int, steps: int, limit: int,
-                     eos: Collection[int] = ()) -> tuple[list[int], list[float]]:
+    def greedy_steps(self, token: int, steps: int, limit: int, eos: Collection[int] = (),
+                     stop: StepStop | None = None) -> tuple[list[int], list[float]]:
         produced, seconds = [], []
         for step in range(steps):
             t0 = time.perf_counter()
@@ -144,8 +185,9 @@ class GreedyByLogits:
             except NoMaximum as e:
                 raise NoMaximum(step, e.what) from None
             produced.append(token)
+            fired = stop is not None and stop.fires(token)
             seconds.append(time.perf_counter() - t0)
-            if token in eos:
+            if token in eos or fired:
                 break
         return produced, seconds
 

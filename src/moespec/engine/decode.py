@@ -19,7 +19,7 @@ from moespec.backends.protocol import as_spec_model
 from moespec.device import peak_rss_bytes, synchronize
 from moespec.engine.policy import Policy, make_policy
 from moespec.engine.proposers import DraftModel, Proposer
-from moespec.engine.round import plain_rounds, prefill, run_round
+from moespec.engine.round import plain_rounds, prefill, quiet_rounds, run_round
 from moespec.engine.sampling import Sampler, SamplingConfig
 from moespec.engine.stats import GenerationResult, RoundLog
 from moespec.engine.step_store import remember, store_key
@@ -203,15 +203,35 @@ def _plain_run(policy: Policy, sampler: Sampler, pending, tokens: int, rounds: i
     return run if run >= PLAIN_RUN_MIN else 0
 
 
+def _quiet_run(policy: Policy, sampler: Sampler, proposer, pending, chosen: int, budget: int,
+               rounds_left: int | None) -> int:
+    """How many rounds at the policy's choice may run as one call while the drafter proposes nothing
+    (`round.quiet_rounds`): greedy, no prefill row pending, a settled policy (`FixedK.settled`) at
+    k >= 1 and a drafter with a quiet rule, cut to the token budget and to max_steps; 0: none."""
+    settled = getattr(policy, "settled", None)
+    if (not sampler.greedy or pending is not None or chosen < 1 or budget < 1 or settled is None
+            or getattr(proposer, "quiet", None) is None):
+        return 0
+    run = min(settled(), budget + 1, rounds_left if rounds_left is not None else budget + 1)
+    return run if run >= PLAIN_RUN_MIN else 0
+
+
 def _next_rounds(plain: int, *, target, proposer, sampler: Sampler, policy: Policy, seq: torch.Tensor, length: int,
-                 budget: int, pending, eos: set[int], clock) -> tuple[list, list[float]]:
+                 budget: int, rounds_left: int | None, pending, eos: set[int], clock) -> tuple[list, list[float]]:
     """The next rounds and the clock reading each ended at: `plain` greedy plain rounds run by the target
-    in one call (each ending when its step did), else one round at the policy's choice."""
+    in one call (each ending when its step did), else rounds at the policy's choice: those in which
+    the drafter proposes nothing in one call, or one round."""
     started = clock()
     if plain:
         rounds = plain_rounds(target=target, seq=seq, length=length, rounds=plain, limit=sampler.vocab_limit, eos=eos)
         return rounds, list(accumulate((r.seconds for r in rounds), initial=started))[1:]
     chosen = policy.choose()
+    quiet = _quiet_run(policy, sampler, proposer, pending, chosen, budget, rounds_left)
+    if quiet:
+        rounds = quiet_rounds(target=target, proposer=proposer, seq=seq, length=length, chosen=chosen, rounds=quiet,
+                              limit=sampler.vocab_limit, eos=eos, clock=clock)
+        if rounds is not None:
+            return rounds, list(accumulate((r.seconds for r in rounds), initial=started))[1:]
     r = run_round(target=target, proposer=proposer, sampler=sampler, seq=seq, length=length, chosen=chosen,
                   k=min(chosen, budget), pending=pending, eos=eos, clock=clock)
     return [r], [clock()]
@@ -243,9 +263,11 @@ def _decode(target, proposer: Proposer | None, sampler: Sampler, policy: Policy,
             stop = "max_steps"
             break
         budget = max_new_tokens - (length - P) - 1  # a round commits up to k + 1 tokens: never past the budget
-        plain = _plain_run(policy, sampler, pending, budget + 1, None if max_steps is None else max_steps - log.rounds)
+        left = None if max_steps is None else max_steps - log.rounds
+        plain = _plain_run(policy, sampler, pending, budget + 1, left)
         rounds, ends = _next_rounds(plain, target=target, proposer=proposer, sampler=sampler, policy=policy,
-                                    seq=seq, length=length, budget=budget, pending=pending, eos=eos, clock=clock)
+                                    seq=seq, length=length, budget=budget, rounds_left=left, pending=pending,
+                                    eos=eos, clock=clock)
         for r, end in zip(rounds, ends):
             pending, length = None, length + r.new_tokens
             log.add(r, end)

@@ -13,17 +13,20 @@ caller's n_max: a draft longer than k is cut to k after the rule has run.
 
 from __future__ import annotations
 
+import sys
+
+import numpy as np
 import torch
 
-from moespec.engine.proposers import HostDrafter, Proposal
+from moespec.backends.protocol import StepStop, fold
+from moespec.engine.proposers import HostDrafter, Proposal, Quiet, quiet_until_repeat
 from moespec.engine.sampling import Sampler
 
 MOD_POOL = 4 * 1024 * 1024  # entries of ngram-mod's hash table (speculative.cpp: mod(n_match, 4*1024*1024))
-MOD_MULTIPLIER = 6364136223846793005  # ngram-mod.cpp's hash: res = res * this + token, in uint64
 MOD_CHUNK = 32  # new n-grams enter the pool once more than this many tokens are waiting
 MOD_OCCUPANCY = 0.25  # begin() empties a pool fuller than this
 MOD_LOW_SHARE, MOD_LOW_STREAK = 0.25, 5  # accept(): 5 drafts in a row with < 25% accepted empty the pool
-UINT64 = (1 << 64) - 1
+EMPTY = -1  # a pool slot no n-gram has entered (llama.cpp's EMPTY)
 
 
 def check_range(flag: str, value: int, low: int, high: int = 1024) -> int:
@@ -67,6 +70,17 @@ class NgramSimple(HostDrafter):
             return Proposal(context[:0])
         return Proposal(cached[start: start + min(copy, k)])
 
+    def quiet(self, context: torch.Tensor, width: int) -> Quiet | None:
+        """Quiet while no n-gram ending in a new token can match: a match needs its last token earlier
+        in the context, so the rule fires on each repeated token (and the round asks the rule)."""
+        quiet = quiet_until_repeat(context, width)
+        if quiet is None and not self.propose(context, 1).tokens.numel():
+            ids = context.numpy()
+            seen = np.zeros(max(width, int(ids.max()) + 1), dtype=np.uint8)
+            seen[ids] = 1
+            quiet = Quiet(StepStop(seen=seen), sys.maxsize)
+        return quiet
+
     def identity(self) -> dict:
         """Its sizes: other sizes draft other tokens."""
         return {"proposer": type(self).__name__,
@@ -74,11 +88,9 @@ class NgramSimple(HostDrafter):
 
 
 def mod_index(window: list[int]) -> int:
-    """The pool slot of an n-gram: the uint64 fold res = res * MOD_MULTIPLIER + token, modulo MOD_POOL."""
-    res = 0
-    for token in window:
-        res = (res * MOD_MULTIPLIER + token) & UINT64
-    return res % MOD_POOL
+    """The pool slot of an n-gram: the uint64 fold res = res * 6364136223846793005 + token
+    (`backends.protocol.fold`), modulo MOD_POOL."""
+    return fold(window) % MOD_POOL
 
 
 class NgramMod(HostDrafter):
@@ -98,7 +110,8 @@ class NgramMod(HostDrafter):
         self.n_match = check_range("--spec-ngram-mod-n-match", n_match, 1)
         self.n_max = check_range("--spec-ngram-mod-n-max", n_max, 0)
         self.n_min = check_range("--spec-ngram-mod-n-min", n_min, 0)
-        self.pool: dict[int, int] = {}  # slot -> token; an absent slot is llama.cpp's EMPTY
+        self.pool = np.full(MOD_POOL, EMPTY, dtype=np.int32)  # slot -> the token after its n-gram
+        self.filled = 0  # slots not EMPTY
         self.resets = 0
         self._seq_state(0)
 
@@ -108,14 +121,17 @@ class NgramMod(HostDrafter):
 
     def reset(self) -> None:
         """Empty the pool (llama.cpp's common_ngram_mod::reset)."""
-        self.pool.clear()
+        self.pool.fill(EMPTY)
+        self.filled = 0
         self.resets += 1
 
     def _add(self, tokens: list[int], start: int, stop: int) -> None:
         """Enter the n-grams starting at start..stop-1 of tokens, each with the token after it."""
         n = self.n_match
         for i in range(start, stop):
-            self.pool[mod_index(tokens[i: i + n])] = tokens[i + n]
+            slot = mod_index(tokens[i: i + n])
+            self.filled += int(self.pool[slot] == EMPTY)
+            self.pool[slot] = tokens[i + n]
 
     def begin(self, *, target, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
         tokens, n = prompt.tolist(), self.n_match
@@ -124,7 +140,7 @@ class NgramMod(HostDrafter):
             return
         self._add(tokens, 0, len(tokens) - n)
         self.i_last = len(tokens) - n
-        if len(self.pool) / MOD_POOL > MOD_OCCUPANCY:
+        if self.filled / MOD_POOL > MOD_OCCUPANCY:
             self.reset()
 
     def draft(self, cached: list[int], last: int) -> list[int]:
@@ -138,8 +154,8 @@ class NgramMod(HostDrafter):
             self.i_last = len(cached) - n
         run = cached[len(cached) - n + 1:] + [last]  # [n] the key, then the drafts as they come
         for i in range(self.n_max):
-            token = self.pool.get(mod_index(run[i: i + n]))
-            if token is None:
+            token = int(self.pool[mod_index(run[i: i + n])])
+            if token == EMPTY:
                 if i < self.n_min:
                     return []
                 break
@@ -152,6 +168,17 @@ class NgramMod(HostDrafter):
         drafts = self.draft(tokens[:-1], tokens[-1])[:k]  # cut to the caller's n_max after the rule
         self._proposed_at = len(tokens)
         return Proposal(torch.tensor(drafts, dtype=torch.long))
+
+    def quiet(self, context: torch.Tensor, width: int) -> Quiet | None:
+        """Quiet while the pool holds no entry for the context's last n_match tokens (a draft's first
+        lookup misses) and no chunk of n-grams is due to enter it: the rule hashes each new token's
+        n-gram as `draft` does and fires on an entry, or on the token whose draft would add a chunk."""
+        tokens, n = context.tolist(), self.n_match
+        cached = len(tokens) - 1
+        if cached < n or self.i_last + MOD_CHUNK < cached or self.pool[mod_index(tokens[-n:])] != EMPTY:
+            return None
+        tail = np.array(tokens[len(tokens) - n + 1:], dtype=np.int32)  # the last n - 1 tokens
+        return Quiet(StepStop(pool=self.pool, tail=tail), self.i_last + MOD_CHUNK + 1 - cached)
 
     def commit(self, keep: int) -> None:
         """llama.cpp's accept(n_accepted), called once per proposal (a round at k = 0 proposes nothing)."""

@@ -152,6 +152,11 @@ class FixedK:
         """Every round at k = 0; none at a k >= 1."""
         return sys.maxsize if self.k == 0 else 0
 
+    def settled(self) -> int:
+        """How many coming rounds choose the same k whatever they measure: all of them (a policy
+        without `settled` is asked before every round at k >= 1)."""
+        return sys.maxsize
+
     def state(self) -> dict:
         return {"policy": "fixed", "k": self.k}
 

@@ -8,12 +8,14 @@ context, `OracleDraft` is the cost-model paper's oracle (Sec. 4, App. D.2).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
-from moespec.backends.protocol import SpecModel, as_spec_model
+from moespec.backends.protocol import SpecModel, StepStop, as_spec_model
 from moespec.engine.sampling import Sampler
 
 
@@ -135,12 +137,30 @@ class DraftModel:
         return None if model is None else {"proposer": type(self).__name__, "options": {}, "draft": model}
 
 
+class Quiet(NamedTuple):
+    """A run of rounds in which a host drafter proposes nothing (`HostDrafter.quiet`): it proposes
+    nothing from the context it was asked about, nor from the context each later token ends until
+    `stop` fires on that token or `steps` tokens have been produced."""
+
+    stop: StepStop
+    steps: int
+
+
 class HostDrafter:
     """A proposer without a draft model (prompt lookup, llama.cpp's n-gram rules): no cache to keep,
     nothing to set up per call nor to roll back; it drafts from the context alone, on the host."""
 
     @property
     def cache(self) -> None:
+        return None
+
+    def quiet(self, context: torch.Tensor, width: int) -> Quiet | None:
+        """Where it would propose nothing from `context` ([L] int64) and, until a token fires the rule,
+        from the contexts the next tokens end: the decode loop then runs those rounds as plain greedy
+        steps in one call (`round.quiet_rounds`; the same tokens and the same round records, without a
+        Python round each). None: it may propose now (the default: no such rule). width: the ids a
+        token may take. A rule may fire where the drafter would still propose nothing (the round then
+        asks it), never the other way round."""
         return None
 
     def begin(self, *, target, prompt: torch.Tensor, max_new_tokens: int, sampler: Sampler) -> None:
@@ -161,6 +181,11 @@ class PromptLookup(HostDrafter):
             raise ValueError(f"PromptLookup needs an n-gram size >= 1, got {n}")
         self.n = n
 
+    def quiet(self, context: torch.Tensor, width: int) -> Quiet | None:
+        """It proposes nothing exactly while the last token is new to the context (every n falls back
+        to n = 1): quiet until a token already in the context comes."""
+        return quiet_until_repeat(context, width)
+
     def propose(self, context: torch.Tensor, k: int) -> Proposal:
         L = context.shape[0]
         for n in range(min(self.n, L - 1), 0, -1):
@@ -174,6 +199,17 @@ class PromptLookup(HostDrafter):
     def identity(self) -> dict:
         """Its n-gram size: another n drafts other tokens, with an acceptance of its own."""
         return {"proposer": type(self).__name__, "options": {"n": self.n}, "draft": None}
+
+
+def quiet_until_repeat(context: torch.Tensor, width: int) -> Quiet | None:
+    """Quiet while each new token is new to the context: None when the last token already occurs
+    before it (or the context is one token), else the rule that fires on the first repeated token."""
+    if context.shape[0] < 2 or bool((context[:-1] == context[-1]).any()):
+        return None
+    ids = context.numpy()
+    seen = np.zeros(max(width, int(ids.max()) + 1), dtype=np.uint8)
+    seen[ids] = 1
+    return Quiet(StepStop(seen=seen), sys.maxsize)
 
 
 STEP_BLOCK = 128  # draws per block of the oracle's stratified sequence (`stratified_uniforms`)

@@ -109,6 +109,30 @@ def plain_rounds(*, target: SpecModel, seq: torch.Tensor, length: int, rounds: i
                   verify_s=s, sampling_s=0.0, seconds=s) for token, s in zip(produced, seconds)]
 
 
+def quiet_rounds(*, target: SpecModel, proposer: Proposer, seq: torch.Tensor, length: int, chosen: int, rounds: int,
+                 limit: int, eos: Collection[int], clock: Callable[[], float]) -> list[Round] | None:
+    """Up to `rounds` rounds at draft length `chosen` in which the host drafter proposes nothing, run as
+    plain greedy steps in one call to the target (`HostDrafter.quiet`, `SpecModel.greedy_steps`'s
+    stop): each feeds the last committed token and commits its greedy token into seq, as a round with
+    an empty proposal does, until a token may let the drafter propose, an EOS, or `rounds`. None (and
+    nothing run) when the drafter may propose now. The check's time counts in the first round's."""
+    t0 = clock()
+    quiet = proposer.quiet(seq[:length], target.width)
+    if quiet is None:
+        return None
+    checked = clock() - t0
+    try:
+        produced, seconds = target.greedy_steps(int(seq[length - 1]), min(rounds, quiet.steps), limit, eos,
+                                                quiet.stop)
+    except NoMaximum as e:
+        raise ValueError(no_distribution(e.what, e.row, length)) from None
+    seq[length: length + len(produced)] = torch.tensor(produced, dtype=torch.long)
+    proposer.commit(length + len(produced))
+    return [Round(chosen=chosen, drafted=0, tested=0, accepted=0, new_tokens=1, eos=token in eos, timed=True,
+                  draft_s=checked if i == 0 else 0.0, verify_s=s, sampling_s=0.0,
+                  seconds=s + (checked if i == 0 else 0.0)) for i, (token, s) in enumerate(zip(produced, seconds))]
+
+
 def until_eos(emitted: list[int], eos: Collection[int]) -> int | None:
     """The index of the first EOS among the round's committed tokens, or None."""
     return next((j for j, token in enumerate(emitted) if token in eos), None)

@@ -61,13 +61,38 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+// A drafter's stop rule for a run of greedy steps (moespec.backends.protocol.StepStop): after each
+// produced token, 1 when the drafter could propose from the context that token ends, else 0.
+// seen[0..W): a token already marked stops; every produced token is marked. pool[0..pool_size)
+// with tail[0..n-1): ngram-mod's uint64 fold res = res * 6364136223846793005 + t over tail and the
+// token, modulo pool_size, indexes pool; an entry >= 0 stops; the tail then slides by the token.
+static int stop_after(uint8_t *seen, const int32_t *pool, uint64_t pool_size, int32_t n, int32_t *tail,
+                      int32_t token) {
+    int stop = 0;
+    if (seen != NULL) {
+        stop = seen[token];
+        seen[token] = 1;
+    }
+    if (pool != NULL) {
+        uint64_t res = 0;
+        for (int32_t i = 0; i + 1 < n; i++) res = res * 6364136223846793005ULL + (uint64_t)tail[i];
+        res = res * 6364136223846793005ULL + (uint64_t)token;
+        stop |= pool[res % pool_size] >= 0;
+        for (int32_t i = 0; i + 2 < n; i++) tail[i] = tail[i + 1];
+        if (n > 1) tail[n - 2] = token;
+    }
+    return stop;
+}
+
 // Greedy decode steps on sequence `seq` of a batch of room >= 1: feed `token` at position `pos`, take
 // the argmax of its row as the next token, feed that, ... `steps` times, stopping after a token
-// listed in eos[0..n_eos). out[i]: the token step i produced; seconds[i]: its time. Returns the
+// listed in eos[0..n_eos) or one the stop rule (seen, pool: `stop_after`; both NULL: none) marks.
+// out[i]: the token step i produced; seconds[i]: its time. Returns the
 // steps done (the last produced token is not fed), or -(1 + i) when llama_decode failed at step i
 // (code in *status), or -(STEPS_BAD_ROW + i) when step i's row had no finite maximum (or none).
 int32_t moespec_greedy_steps(struct llama_context *ctx, llama_batch batch, int32_t seq, int32_t token, int32_t pos,
-                             int32_t steps, int32_t limit, const int32_t *eos, int32_t n_eos, int32_t *out,
+                             int32_t steps, int32_t limit, const int32_t *eos, int32_t n_eos, uint8_t *seen,
+                             const int32_t *pool, uint64_t pool_size, int32_t n, int32_t *tail, int32_t *out,
                              double *seconds, int32_t *status) {
     for (int32_t i = 0; i < steps; i++) {
         double t0 = now();
@@ -84,10 +109,12 @@ int32_t moespec_greedy_steps(struct llama_context *ctx, llama_batch batch, int32
         token = row_argmax(row, limit);
         if (token < 0) return -(STEPS_BAD_ROW + i);
         out[i] = token;
+        int stop = stop_after(seen, pool, pool_size, n, tail, token);
         seconds[i] = now() - t0;
         for (int32_t e = 0; e < n_eos; e++) {
             if (eos[e] == token) return i + 1;
         }
+        if (stop) return i + 1;
     }
     return steps;
 }
