@@ -107,6 +107,12 @@ def test_candidate_answer_by_hand():
                                    new_tokens=6, max_new_tokens=6)
     a = candidate_answer([1, 1, 1], cost, measured)
     assert a.step_times == (1, F(23, 20), F(49, 40)) and a.k_star == 2 and a.speedup == F(10, 7)
+    # a lookup that proposed in half the rounds it was offered, a quarter reaching position 2: it pays
+    # the drafting it did, h_bar = 0, 1/2 * 3/20 = 3/40, 3/40 + 1/4 * 3/40 = 3/32 (and tau_bar = 1)
+    short = CandidateAcceptance(candidate={}, acceptance=PositionalAcceptance((4, 2), (2, 1), offered=(8, 8),
+                                                                              drafted=(4, 2)),
+                                prompts=1, new_tokens=6, max_new_tokens=6)
+    assert candidate_answer([1, 1, 1], cost, short).step_times == (1, 1 + F(3, 40), 1 + F(3, 32))
     with pytest.raises(ValueError, match="same kmax"):
         candidate_answer([1, 1], cost, measured)
 

@@ -160,6 +160,21 @@ def test_a_lookup_that_drafts_in_some_rounds_is_priced_at_its_expected_pass():
     assert q.answer.k_star == 2 and q.answer.speedup == pytest.approx(15 / 8 / (19 / 16), rel=1e-12)
 
 
+def test_a_lookup_pays_its_drafting_and_the_rounds_overhead_only_for_what_it_proposed():
+    # the lookup above (s = 1/2, 1/4; alpha = 3/8, 1/3) with a cost of 1/8, 1/4 at k = 1, 2 and the engine's
+    # overhead 1/16, 1/8, 1/8 at k = 0, 1, 2: h = 1/16, 1/4, 3/8 for a round of each proposal length;
+    # h_bar = 1/16, 1/16 + 1/2 (3/16) = 5/32, 5/32 + 1/4 (1/8) = 3/16; tau_bar = 1, 3/2, 7/4 as above
+    cal = calibration(Candidate("prompt-lookup", n=2), (8, 3), (3, 1), (0, 1 / 8, 1 / 4), (0, 1 / 8, 1 / 4))
+    acc = replace(cal.measured.acceptance, offered=(8, 8), drafted=(4, 2))
+    cal = replace(cal, measured=replace(cal.measured, acceptance=acc))
+    p = predict_candidate(payload([1, 2, 3], h=[1 / 16, 1 / 8, 1 / 8]), cal)
+    assert p.h == (1 / 16, 5 / 32, 3 / 16)
+    assert p.answer.step_times == (1 + 1 / 16, 1.5 + 5 / 32, 1.75 + 3 / 16)
+    # a draft model (every share 1) pays its whole cost and overhead every round, as before
+    full = replace(cal, measured=replace(cal.measured, acceptance=replace(acc, drafted=(8, 8))))
+    assert predict_candidate(payload([1, 2, 3], h=[1 / 16, 1 / 8, 1 / 8]), full).h == (1 / 16, 1 / 4, 3 / 8)
+
+
 def test_p_min_is_read_through_the_drafts_measured_confidence():
     """The by-hand pair above (floor p-min 21/64) with a confidence of 40 positions: drafts of top-token
     probability 0.05..0.09 were never the target's, 0.1 and up always: the fit steps from 0 to 1 at

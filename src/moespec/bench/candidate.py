@@ -306,15 +306,16 @@ def expected_draft_cost(cost: DraftCost, alpha: Sequence) -> list:
 
 
 def candidate_answer(tau: Sequence, cost: DraftCost, measured: CandidateAcceptance, *, delta=0) -> PositionalAnswer:
-    """The answer for one candidate: V_hat(k) = tau_bar(k) + h_hat(k) (tau_bar the expected pass at the
-    measured draft shares, `positional.expected_pass_times`; h_hat from `expected_draft_cost` at the
-    measured alphas), then `positional.answer`. tau: [kmax + 1], tau[k] the target's pass of k + 1
+    """The answer for one candidate: V_hat(k) = tau_bar(k) + h_bar(k) (tau_bar the expected pass at the
+    measured draft shares, `positional.expected_pass_times`; h_bar the same expectation of h_hat from
+    `expected_draft_cost` at the measured alphas: a round pays the drafting of what it proposed), then
+    `positional.answer`. tau: [kmax + 1], tau[k] the target's pass of k + 1
     tokens (the chain's calibrated version); delta: its relative step-time error bound."""
     kmax = len(tau) - 1
     if cost.kmax != kmax or measured.acceptance.kmax < kmax:
         raise ValueError(f"tau_hat goes to kmax = {kmax}, the draft cost to {cost.kmax} and the acceptance to "
                          f"{measured.acceptance.kmax}; measure all three to the same kmax")
-    alpha = measured.acceptance.alpha[:kmax]
-    passes = expected_pass_times(list(tau), measured.acceptance.draft_share)
-    return answer(draft_step_times(passes, expected_draft_cost(cost, alpha)), measured.acceptance, delta=delta,
-                  prompts=measured.by_prompt)
+    alpha, share = measured.acceptance.alpha[:kmax], measured.acceptance.draft_share
+    passes = expected_pass_times(list(tau), share)
+    own = expected_pass_times(expected_draft_cost(cost, alpha), share)  # a round that proposed nothing drafted nothing
+    return answer(draft_step_times(passes, own), measured.acceptance, delta=delta, prompts=measured.by_prompt)

@@ -174,14 +174,18 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
     (`prediction_tau`) weighted by the shares of rounds whose proposal reached each position
     (`positional.expected_pass_times`: a lookup that finds no match verifies one token), ĥ(k) the calibration's draft
     cost weighted by the chance a round at k accepted all (`bench.candidate.expected_draft_cost`),
-    plus, with `overhead`, the engine's own time per round outside the pass (the prediction's h(k)).
+    plus, with `overhead`, the engine's own time per round outside the pass (the prediction's h(k)),
+    both weighted by the same shares: a round whose proposal came short pays the round of its length,
+    and one that proposed nothing a plain round's (the engine runs those as plain greedy steps,
+    `HostDrafter.quiet`, and llama.cpp's cost as little); for a draft model ĥ is unchanged.
     The band uses the prediction's δ (none when δ >= 1: the bounds are vacuous) and, where the calibration
     kept each prompt's counts, spans the bootstrap over its prompts (`positional.answer`)."""
     kmax = calibration.kmax
     got = prediction_tau(prediction, kmax=kmax, version=version, kernel=kernel, depth=depth)
     acceptance = calibration.measured.acceptance
     own = expected_draft_cost(calibration.cost, acceptance.alpha[:kmax])
-    h = [float(x) + (o if overhead else 0.0) for x, o in zip(own, got.overhead)]
+    full = [float(x) + (o if overhead else 0.0) for x, o in zip(own, got.overhead)]
+    h = [float(x) for x in expected_pass_times(full, acceptance.draft_share)]  # a round pays for what it proposed
     passes = [float(t) for t in expected_pass_times(got.tau, acceptance.draft_share)]
     ans = answer(draft_step_times(passes, h), acceptance, delta=got.delta if got.delta < 1 else 0,
                  prompts=calibration.measured.by_prompt)

@@ -211,7 +211,9 @@ def expected_pass_times(tau: Sequence, share: Sequence) -> list:
     """tau_bar(k) = tau(1) + sum_{j<=k} s_j (tau(j + 1) - tau(j)), k = 0..kmax: the expected pass of a
     round at k whose proposal reaches position j with chance s_j (module docstring). tau: [kmax + 1],
     tau[k] the pass of k + 1 tokens; share: [>= kmax] s_1..s_kmax in [0, 1]. Exact on Fractions;
-    tau itself where every s_j = 1 (written as tau(k + 1) less the passes' growth left undrafted)."""
+    tau itself where every s_j = 1 (written as tau(k + 1) less the passes' growth left undrafted).
+    The same expectation of any cost of a round that grows with its proposal's length (the drafting
+    and the engine's time per round: `chain.candidate_answer.predict_candidate`)."""
     kmax = len(tau) - 1
     if len(share) < kmax:
         raise ValueError(f"tau goes to kmax = {kmax} but only {len(share)} draft shares were given")
