@@ -10,8 +10,11 @@ import pytest
 from moespec import artifacts, run_files
 from moespec.chain.candidate_llama import (
     LLAMA_CHECK_KIND,
+    MAX_RUN_TOKENS,
+    MIN_RUN_S,
     context_size,
     llama_check_step,
+    run_tokens,
 )
 from moespec.costmodel.settings import llama_cpp_settings
 from moespec.report.candidates import llama_check_lines
@@ -70,8 +73,9 @@ def run_step(folder, calls, **kw):
 def test_each_runnable_candidate_gets_plain_emitted_defaults_and_every_n_max(folder):
     calls = []
     got = run_step(folder, calls)
-    # two prompts; six settings of the first candidate, five of the second (its emitted line is plain's)
-    assert len(calls) == 2 * (6 + 5)
+    # one plain run to learn the run length (20 tokens take 1 s: enough), then two prompts; six settings
+    # of the first candidate, five of the second (its emitted line is plain's)
+    assert len(calls) == 1 + 2 * (6 + 5) and got["new_tokens"] == 20 and got["probe_tokens_per_s"] == 20
     assert got["context"] == context_size([[1, 2, 3], [4] * 300], 20, 3) == 512
     first, said_plain, oracle, not_gguf = got["candidates"]
     assert first["plain_tokens_per_s"] == pytest.approx(40 / 2.0)
@@ -147,3 +151,22 @@ def test_the_demo_adds_the_step_only_when_asked(tmp_path):
     assert last.name == "candidates-llama" and last.writes == tmp_path / "candidates-llama.json"
     assert last.reads == (tmp_path / run_files.PROMPTS, tmp_path / run_files.CANDIDATES)
     assert (last.args["kmax"], last.args["new_tokens"], last.args["reps"]) == (3, 16, 2)
+
+
+@pytest.mark.parametrize("seconds, want", [(1.0, 20), (0.5, 40), (0.01, MAX_RUN_TOKENS)])
+def test_a_fast_model_decodes_longer_runs(tmp_path, seconds, want):
+    """20 plain tokens in `seconds`: a run gets enough tokens to last MIN_RUN_S (1 s), never fewer than
+    asked, at most MAX_RUN_TOKENS; the probe is one plain run of the first prompt."""
+    calls = []
+
+    def run(cmd, **kw):
+        calls.append(cmd)
+        out = ("encoded %4d tokens in %8.3f seconds, speed: %8.3f t/s\n" % (5, 0.01, 500.0)
+               + "decoded %4d tokens in %8.3f seconds, speed: %8.3f t/s\n" % (20, seconds, 20 / seconds)
+               + "n_predict = 20\nn_drafted = 0\nn_accept  = 0\n")
+        return subprocess.CompletedProcess(cmd, 0, stdout="", stderr=out)
+
+    tokens, rate = run_tokens(tmp_path / "bin", target="t.gguf", prompt="Once", threads=2, new_tokens=20,
+                              context=256, run=run)
+    assert MIN_RUN_S == 1.0 and rate == pytest.approx(20 / seconds) and tokens == want
+    assert len(calls) == 1 and "--spec-ngram-mod-n-max" in calls[0]
