@@ -199,7 +199,13 @@ def _plain_run(policy: Policy, sampler: Sampler, pending, tokens: int, rounds: i
     pending, the policy's plain run cut to the token budget and to max_steps; 0 for a normal round."""
     if not sampler.greedy or pending is not None:
         return 0
-    run = min(policy.plain_run(), tokens, rounds if rounds is not None else tokens)
+    return _cut(policy.plain_run(), tokens, rounds)
+
+
+def _cut(run: int, tokens: int, rounds: int | None) -> int:
+    """A run of one-token rounds cut to the tokens left and to max_steps' rounds left; 0 when under
+    PLAIN_RUN_MIN (a shorter run goes through the round as any other)."""
+    run = min(run, tokens, rounds if rounds is not None else tokens)
     return run if run >= PLAIN_RUN_MIN else 0
 
 
@@ -212,8 +218,7 @@ def _quiet_run(policy: Policy, sampler: Sampler, proposer, pending, chosen: int,
     if (not sampler.greedy or pending is not None or chosen < 1 or budget < 1 or settled is None
             or getattr(proposer, "quiet", None) is None):
         return 0
-    run = min(settled(), budget + 1, rounds_left if rounds_left is not None else budget + 1)
-    return run if run >= PLAIN_RUN_MIN else 0
+    return _cut(settled(), budget + 1, rounds_left)
 
 
 def _next_rounds(plain: int, *, target, proposer, sampler: Sampler, policy: Policy, seq: torch.Tensor, length: int,

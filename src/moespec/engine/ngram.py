@@ -13,13 +13,11 @@ caller's n_max: a draft longer than k is cut to k after the rule has run.
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import torch
 
 from moespec.backends.protocol import StepStop, fold
-from moespec.engine.proposers import HostDrafter, Proposal, Quiet, quiet_until_repeat
+from moespec.engine.proposers import HostDrafter, Proposal, Quiet, quiet_until_repeat, until_repeat
 from moespec.engine.sampling import Sampler
 
 MOD_POOL = 4 * 1024 * 1024  # entries of ngram-mod's hash table (speculative.cpp: mod(n_match, 4*1024*1024))
@@ -75,10 +73,7 @@ class NgramSimple(HostDrafter):
         in the context, so the rule fires on each repeated token (and the round asks the rule)."""
         quiet = quiet_until_repeat(context, width)
         if quiet is None and not self.propose(context, 1).tokens.numel():
-            ids = context.numpy()
-            seen = np.zeros(max(width, int(ids.max()) + 1), dtype=np.uint8)
-            seen[ids] = 1
-            quiet = Quiet(StepStop(seen=seen), sys.maxsize)
+            quiet = until_repeat(context, width)
         return quiet
 
     def identity(self) -> dict:

@@ -201,15 +201,20 @@ class PromptLookup(HostDrafter):
         return {"proposer": type(self).__name__, "options": {"n": self.n}, "draft": None}
 
 
-def quiet_until_repeat(context: torch.Tensor, width: int) -> Quiet | None:
-    """Quiet while each new token is new to the context: None when the last token already occurs
-    before it (or the context is one token), else the rule that fires on the first repeated token."""
-    if context.shape[0] < 2 or bool((context[:-1] == context[-1]).any()):
-        return None
+def until_repeat(context: torch.Tensor, width: int) -> Quiet:
+    """The rule that fires on the first new token already in the context (or produced before it)."""
     ids = context.numpy()
     seen = np.zeros(max(width, int(ids.max()) + 1), dtype=np.uint8)
     seen[ids] = 1
     return Quiet(StepStop(seen=seen), sys.maxsize)
+
+
+def quiet_until_repeat(context: torch.Tensor, width: int) -> Quiet | None:
+    """Quiet while each new token is new to the context: None when the last token already occurs
+    before it (or the context is one token), else `until_repeat`."""
+    if context.shape[0] < 2 or bool((context[:-1] == context[-1]).any()):
+        return None
+    return until_repeat(context, width)
 
 
 STEP_BLOCK = 128  # draws per block of the oracle's stratified sequence (`stratified_uniforms`)

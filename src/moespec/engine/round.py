@@ -14,12 +14,12 @@ decoding through the same code: every round is then one target token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Collection
 
 import torch
 
-from moespec.backends.protocol import NoMaximum, SpecModel
+from moespec.backends.protocol import NoMaximum, SpecModel, StepStop
 from moespec.engine.proposers import Proposal, Proposer
 from moespec.engine.sampling import Sampler, no_distribution
 
@@ -97,40 +97,36 @@ def greedy_walk(targets: list[int], drafts: list[int]) -> tuple[int, int]:
 
 
 def plain_rounds(*, target: SpecModel, seq: torch.Tensor, length: int, rounds: int, limit: int,
-                 eos: Collection[int]) -> list[Round]:
+                 eos: Collection[int], chosen: int = 0, stop: StepStop | None = None) -> list[Round]:
     """Up to `rounds` plain greedy rounds in one call to the target (`SpecModel.greedy_steps`): each
-    feeds the last committed token and commits its greedy token into seq, until an EOS."""
+    feeds the last committed token and commits its greedy token into seq, until an EOS or a token
+    `stop` fires on; recorded at the policy's choice `chosen` (0: plain decoding)."""
     try:
-        produced, seconds = target.greedy_steps(int(seq[length - 1]), rounds, limit, eos)
+        produced, seconds = target.greedy_steps(int(seq[length - 1]), rounds, limit, eos, stop)
     except NoMaximum as e:  # step i's row predicts position length + i
         raise ValueError(no_distribution(e.what, e.row, length)) from None
     seq[length: length + len(produced)] = torch.tensor(produced, dtype=torch.long)
-    return [Round(chosen=0, drafted=0, tested=0, accepted=0, new_tokens=1, eos=token in eos, timed=True, draft_s=0.0,
-                  verify_s=s, sampling_s=0.0, seconds=s) for token, s in zip(produced, seconds)]
+    return [Round(chosen=chosen, drafted=0, tested=0, accepted=0, new_tokens=1, eos=token in eos, timed=True,
+                  draft_s=0.0, verify_s=s, sampling_s=0.0, seconds=s) for token, s in zip(produced, seconds)]
 
 
 def quiet_rounds(*, target: SpecModel, proposer: Proposer, seq: torch.Tensor, length: int, chosen: int, rounds: int,
                  limit: int, eos: Collection[int], clock: Callable[[], float]) -> list[Round] | None:
     """Up to `rounds` rounds at draft length `chosen` in which the host drafter proposes nothing, run as
-    plain greedy steps in one call to the target (`HostDrafter.quiet`, `SpecModel.greedy_steps`'s
-    stop): each feeds the last committed token and commits its greedy token into seq, as a round with
-    an empty proposal does, until a token may let the drafter propose, an EOS, or `rounds`. None (and
-    nothing run) when the drafter may propose now. The check's time counts in the first round's."""
+    plain greedy steps in one call to the target (`HostDrafter.quiet`, `plain_rounds` with its stop),
+    as rounds with an empty proposal would, until a token may let the drafter propose, an EOS, or
+    `rounds`. None (and nothing run) when the drafter may propose now. The check's time counts in the
+    first round's."""
     t0 = clock()
     quiet = proposer.quiet(seq[:length], target.width)
     if quiet is None:
         return None
     checked = clock() - t0
-    try:
-        produced, seconds = target.greedy_steps(int(seq[length - 1]), min(rounds, quiet.steps), limit, eos,
-                                                quiet.stop)
-    except NoMaximum as e:
-        raise ValueError(no_distribution(e.what, e.row, length)) from None
-    seq[length: length + len(produced)] = torch.tensor(produced, dtype=torch.long)
-    proposer.commit(length + len(produced))
-    return [Round(chosen=chosen, drafted=0, tested=0, accepted=0, new_tokens=1, eos=token in eos, timed=True,
-                  draft_s=checked if i == 0 else 0.0, verify_s=s, sampling_s=0.0,
-                  seconds=s + (checked if i == 0 else 0.0)) for i, (token, s) in enumerate(zip(produced, seconds))]
+    done = plain_rounds(target=target, seq=seq, length=length, rounds=min(rounds, quiet.steps), limit=limit, eos=eos,
+                        chosen=chosen, stop=quiet.stop)
+    proposer.commit(length + len(done))
+    done[0] = replace(done[0], draft_s=checked, seconds=done[0].seconds + checked)
+    return done
 
 
 def until_eos(emitted: list[int], eos: Collection[int]) -> int | None:
