@@ -170,3 +170,30 @@ def test_a_fast_model_decodes_longer_runs(tmp_path, seconds, want):
                               context=256, run=run)
     assert MIN_RUN_S == 1.0 and rate == pytest.approx(20 / seconds) and tokens == want
     assert len(calls) == 1 and "--spec-ngram-mod-n-max" in calls[0]
+
+
+def test_each_held_out_prompt_decodes_on_its_own_prefill(gguf_files, monkeypatch):
+    # a llama.cpp model is one cache: the check prefills one prompt at a time, so that every plain run
+    # (k = 0) gives the target's own greedy continuation of its prompt (two prompts of 37 and 20 ids)
+    import moespec.chain.candidate_check as check
+    from moespec.backends.llama_model import LlamaModel
+    from moespec.chain.candidates import Candidate
+    from moespec.engine.decode import generate
+
+    seen, real = [], check.generate
+
+    def recording(target, prompt, **kw):
+        out = real(target, prompt, **kw)
+        if kw["k"] == 0:
+            seen.append((list(prompt), list(out.tokens)))
+        return out
+
+    monkeypatch.setattr(check, "generate", recording)
+    prompts = [list(range(3, 40)), list(range(100, 120))]
+    with LlamaModel(gguf_files["olmoe-q8_0"], threads=1, n_ctx=256) as model:
+        check.check_heldout(model, None, Candidate("prompt-lookup", n=2), prompts, kmax=1, new_tokens=8, reps=2,
+                            warmup=0)
+        assert len(seen) == 4
+        for prompt, tokens in seen:
+            model.reset()
+            assert tokens == generate(model, prompt, k=0, max_new_tokens=8).tokens

@@ -101,17 +101,22 @@ def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, pro
     Every (rep, k) pass runs all prompts with one fresh proposer (a fresh n-gram pool, as a server
     starts); k runs ascending in even reps and descending in odd ones, so that drift on a shared
     machine spreads over every k. `warmup` untimed passes over the first prompt at each k come first.
-    Neither model's prefill is timed (`PrefilledTarget`, `PrefilledDraft`).
+    Neither model's prefill is timed (`PrefilledTarget`, `PrefilledDraft`). The target holds one prompt's
+    prefill at a time (a llama.cpp model is one cache: prefilled for every prompt at once, each prompt but
+    the last decoded on the last one's cache), made again, untimed, when the next run is on another prompt.
     """
     if reps < 1 or warmup < 0 or kmax < 1:
         raise ValueError(f"need reps >= 1 (got {reps}), warmup >= 0 (got {warmup}) and kmax >= 1 (got {kmax})")
     loaded = load_candidate(candidate, tokenizer=tokenizer, load=load)
     ids = prompt_ids(tokenizer, prompts)
-    targets = [PrefilledTarget(target, q) for q in ids]
+    held: dict[int, PrefilledTarget] = {}
     limit = vocab_limit(tokenizer)
 
     def run(i: int, k: int, proposer):
-        return generate(targets[i], ids[i], draft=proposer, k=k, max_new_tokens=new_tokens, temperature=temperature,
+        if i not in held:
+            held.clear()
+            held[i] = PrefilledTarget(target, ids[i])
+        return generate(held[i], ids[i], draft=proposer, k=k, max_new_tokens=new_tokens, temperature=temperature,
                         top_p=top_p, seed=seed + i, vocab_limit=limit).stats
 
     for k in range(kmax + 1):
