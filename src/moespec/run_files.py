@@ -31,6 +31,7 @@ PROMPTS = "prompts.json"
 CANDIDATE = "candidate-"
 CALIBRATION_SUFFIX, CHECK_SUFFIX = "-calibration.json", "-check.json"
 BATCH_COST_SUFFIX, BATCH_COST_KIND = "-batch-cost.json", "candidate-batch-cost"  # a draft's h_B(k)
+PASSES = "candidate-passes.json"  # the target's passes on the calibration half as decoding meets them
 CANDIDATES = "candidates.json"
 CANDIDATES_SCORE = "candidates-score.json"
 CANDIDATES_LLAMA = "candidates-llama.json"  # llama.cpp's own speculative decoding of the held-out half
@@ -49,7 +50,7 @@ KINDS = {CHARACTERIZATION: "characterize", DENSE_CHARACTERIZATION: "characterize
          PREDICTION: "predict", SCORE: "score", BATCH_CHARACTERIZATION: "characterize",
          BATCH_MEASUREMENT: "batch-measure", BATCH_PREDICTION: "batch-predict", BATCH_SCORE: "batch-score",
          MEMORY: "memory", PROMPTS: "prompts", CANDIDATES: "candidates", CANDIDATES_SCORE: "candidates-score",
-         CANDIDATES_LLAMA: "candidates-llama"}
+         CANDIDATES_LLAMA: "candidates-llama", PASSES: "candidate-passes"}
 CALIBRATION_KIND, CHECK_KIND = "candidate-calibration", "candidate-check"
 # the files a restart moves aside, with any point log (the routing a model replays and an export stay:
 # they are inputs of the model, not of this run)

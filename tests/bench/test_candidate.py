@@ -91,6 +91,20 @@ def test_draft_cost_on_the_fake_clock(monkeypatch):
     assert cost.plain == (0.0, 3 / 32, 6 / 32, 9 / 32)
     assert cost.catch_up == (0.0, 6 / 32, 9 / 32, 12 / 32)
     assert DraftCost.from_dict(cost.to_dict()) == cost
+    # alternating: before every round (warm-ups included) the target verifies k + 1 tokens, untimed
+    target, passes = TableLM(V, seed=1), []
+    verify = target.extend
+
+    def pass_of(tokens, outputs=None):
+        passes.append(tokens.numel())
+        clock.advance(1.0)
+        return verify(tokens, outputs)
+
+    monkeypatch.setattr(target, "extend", pass_of)
+    alternating = measure_draft_cost(DraftModel(draft), target=target, context=list(range(10)), kmax=3, reps=4,
+                                     warmup=1, alternate=True)
+    assert alternating == cost
+    assert passes == [9] + [k + 1 for k in (1, 2, 3) for _ in range(2 * (1 + 4))]  # the context, then each round
 
 
 def test_expected_draft_cost_by_hand():

@@ -12,7 +12,6 @@ from moespec import artifacts
 from moespec.chain.candidate_batch import NOT_TIMED
 from moespec.chain.candidate_steps import batch_answer, batch_cost_step, batch_cost_steps, candidate_steps, drop_changed
 from moespec.chain.candidates import Candidate
-from moespec.costmodel.positional import expected_pass_times
 from moespec.chain.demo import DemoConfig, demo_setup, run_demo
 from moespec.cli.main import app
 from tests.bench.test_candidate import WORDS, write_gguf
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.xdist_group("candidate_steps")
 
 CANDIDATES = (Candidate("draft", draft="trained:draft").to_dict(), Candidate("prompt-lookup", n=2).to_dict(),
               Candidate("ngram-mod", n=3).to_dict())
-STEPS = ("prompts", *(f"calibrate {c['name']}" for c in CANDIDATES), "candidates",
+STEPS = ("prompts", *(f"calibrate {c['name']}" for c in CANDIDATES), "passes", "candidates",
          *(f"check {c['name']}" for c in CANDIDATES), "candidates-score")
 PROMPTS = ["The cat sat on the mat. The cat sat on the mat again.", "One two three, one two three, one two.",
            "def f(x): return x + x + x", "A B C D A B C D A B", "Hello there. Hello there. Hello."]
@@ -75,15 +74,21 @@ def test_the_answer_reads_the_runs_prediction_and_each_candidates_cost(run):
     tau = payload(folder / "prediction.json")["depths"][0]["versions"]["calibrated"]["tau"]["auto"]
     kmax = config.candidate_knobs()["kmax"]
     got = payload(folder / "candidates.json")
+    timed = payload(folder / "candidate-passes.json")
+    assert timed["half"] == "calibration" and len(timed["warm"]) == len(timed["cold"]) == kmax + 1
+    assert timed["depths"] == [len(p) for p in payload(folder / "prompts.json")["calibration"]]
     for i, c in enumerate(got["candidates"]):
+        # τ̂ of the prediction is kept beside the passes the rounds were priced with
         assert c["version"] == "calibrated" and c["tau"] == pytest.approx(tau[: kmax + 1])
-        # V̂(k) = τ̄(k) + ĥ(k): the pass at the calibration's draft shares, the draft's own cost and the
-        # engine's overhead on top; a draft model proposes k every round, so τ̄(k) = τ̂(k + 1)
+        assert c["passes"] == {key: timed[key] for key in ("warm", "cold", "plain", "reps", "depths")}
+        # a round that proposes nothing is a plain step; a draft model proposes k every round, so
+        # V̂(k) = warm(k + 1) + ĥ(k): its pass after one of the same size, its own cost and the engine's
         share = payload(folder / f"candidate-{i}-calibration.json")["measured"]["acceptance"]["draft_share"]
-        passes = expected_pass_times(c["tau"], share)
-        assert c["answer"]["step_times"] == pytest.approx([t + h for t, h in zip(passes, c["h"])])
+        assert c["answer"]["step_times"][0] == pytest.approx(timed["plain"])
         if c["candidate"]["kind"] == "draft":
             assert share == [1.0] * kmax
+            assert c["answer"]["step_times"][1:] == pytest.approx([w + h for w, h in zip(timed["warm"][1:],
+                                                                                         c["h"][1:])])
     costs = {c["name"]: c["h"][1] for c in got["candidates"]}
     assert costs["trained:draft"] > costs["prompt-lookup n=2"]  # a draft model's step costs more than a lookup
     best = got["answer"]
@@ -164,7 +169,7 @@ def test_a_gguf_draft_is_timed_at_batch_size_B_only_after_the_batch_chain(tmp_pa
                             llama=True, batch=True, echo=lambda _: None)
     names = [s.name for s in steps]
     assert names[names.index("calibrate prompt-lookup n=2") + 1: names.index("candidates") + 1] == [
-        "batch-cost d.gguf", "candidates"]
+        "batch-cost d.gguf", "passes", "candidates"]
     cost, answer = steps[names.index("batch-cost d.gguf")], steps[names.index("candidates")]
     assert cost.writes == tmp_path / "candidate-0-batch-cost.json" and cost.args["threads"] == 2
     assert cost.reads == (tmp_path / "prompts.json", tmp_path / "batch-measurement.json")

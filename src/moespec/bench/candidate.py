@@ -258,27 +258,50 @@ class DraftCost:
 
 
 def time_round(proposer: Proposer, context: torch.Tensor, k: int, catch_up: int, *, reps: int, warmup: int,
-               device) -> float:
+               device, between=None) -> float:
     """Median seconds of the proposer's part of one round at k: propose on `context` ([L] ids), then
-    commit as if every draft was accepted; before each (untimed) its state is cut back to L - 1 - catch_up."""
+    commit as if every draft was accepted; before each (untimed) its state is cut back to L - 1 - catch_up
+    and `between(k)` runs (the target's pass of the round before, `measure_draft_cost`)."""
     L = context.shape[0]
 
     def one_round():
         n = proposer.propose(context, k).tokens.shape[0]
         proposer.commit(L + n)
 
-    reset = lambda: proposer.commit(L - 1 - catch_up)  # noqa: E731  a draft model's cache: the round's start
+    def reset():
+        proposer.commit(L - 1 - catch_up)  # a draft model's cache: the round's start
+        if between is not None:
+            between(k)
+
     return timing.measure(one_round, reps=reps, warmup=warmup, flush=reset, device=device).median
+
+
+def target_pass(target, context: torch.Tensor):
+    """f(k): the target's pass of k + 1 tokens after `context` ([L] ids), its cache cut back after it, as
+    the verify pass before a draft's round runs; the target is begun on `context` here."""
+    target.reset()
+    target.extend(context[:-1], outputs=1)
+    base = target.length
+
+    def run(k: int) -> None:
+        target.extend(context[torch.arange(k + 1) % context.shape[0]], outputs=1)
+        target.truncate(base)
+
+    return run
 
 
 def measure_draft_cost(proposer: Proposer, *, target, context: Sequence[int], kmax: int, reps: int = 20,
                        warmup: int = 3, temperature: float = 0.0, width: int | None = None,
-                       vocab_limit: int | None = None, device="cpu") -> DraftCost:
+                       vocab_limit: int | None = None, device="cpu", alternate: bool = False) -> DraftCost:
     """h(k) for k = 0..kmax of the proposer on this machine, at the depth of `context` ([L] ids, L >= 2).
 
     The proposer is begun on `context` (as `generate` begins it: untimed), then each k is timed with
     `time_round`, without and with one token of catch-up. width: the sampler's width (default the
     target's). warmup >= 1: the first call fills a draft model's cache with the context.
+    alternate: before each timed round the target runs its verify pass of k + 1 tokens (`target_pass`,
+    untimed), as in decoding: a draft model then finds its weights where the target's pass left the
+    caches, and on llama.cpp the target's threads just stopped (on 2 cores a draft round so timed cost
+    SmolLM2's draft 16% more than one timed alone).
     """
     context = torch.as_tensor(list(context), dtype=torch.long)  # [L]
     if context.shape[0] < 2 or kmax < 0 or warmup < 1:
@@ -286,10 +309,11 @@ def measure_draft_cost(proposer: Proposer, *, target, context: Sequence[int], km
                          f"warmup >= 1 (got {warmup}: the first call fills the draft's cache)")
     sampler = Sampler(SamplingConfig(temperature=temperature), width=width or target.width, vocab_limit=vocab_limit)
     proposer.begin(target=target, prompt=context, max_new_tokens=kmax + 1, sampler=sampler)
+    between = target_pass(target, context) if alternate else None
     plain, caught = [0.0], [0.0]
     for k in range(1, kmax + 1):
-        plain.append(time_round(proposer, context, k, 0, reps=reps, warmup=warmup, device=device))
-        caught.append(time_round(proposer, context, k, 1, reps=reps, warmup=warmup, device=device))
+        plain.append(time_round(proposer, context, k, 0, reps=reps, warmup=warmup, device=device, between=between))
+        caught.append(time_round(proposer, context, k, 1, reps=reps, warmup=warmup, device=device, between=between))
     return DraftCost(plain=tuple(plain), catch_up=tuple(caught), reps=reps, context_tokens=int(context.shape[0]))
 
 

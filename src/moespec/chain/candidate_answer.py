@@ -2,9 +2,10 @@
 best of them (issue 50; cost-model paper Sec. 1, eq. (9); `costmodel.positional`).
 
 `predict_candidate` reads τ̂(n) of the chain's prediction ("predict" payload, the calibrated version
-by default) at n = k + 1 and the candidate's calibration (`chain.candidates.calibrate`, made on the
-calibration half only), forms V̂(k) = τ̄(k) + ĥ(k) (τ̄(k) = τ̂(k+1) for a draft that always
-proposes k; less for a lookup whose proposals come short) and answers with `positional.answer`: k̂*, the
+by default) at n = k + 1, or the target's passes timed on the calibration half as decoding meets them
+(`bench.target_passes`, what the demo uses), and the candidate's calibration (`chain.candidates.calibrate`,
+made on the calibration half only), forms V̂(k) = τ̄(k) + ĥ(k) (τ̄(k) the pass of k + 1 tokens for a draft
+that always proposes k; less for a lookup whose proposals come short) and answers with `positional.answer`: k̂*, the
 speedup and its band, E(k) with the geometric G_a(k) beside it, n-min and p-min, and the lines for
 llama-server, vLLM and SGLang (`costmodel.settings`). `answer_for` names the best candidate.
 """
@@ -19,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from moespec.chain.candidates import DRAFT, LOOKUP, NGRAM_MOD, NGRAM_SIMPLE, Candidate, CandidateCalibration
 from moespec.chain.prediction import KIND, payload_of
 from moespec.bench.candidate import expected_draft_cost
+from moespec.bench.target_passes import TargetPasses
 from moespec.costmodel.confidence import calibrated_p_min
 from moespec.costmodel.positional import (
     PLAINLY,
@@ -28,6 +30,7 @@ from moespec.costmodel.positional import (
     draft_step_times,
     expected_pass_times,
     plain,
+    steady_round_times,
 )
 from moespec.costmodel.predict import preferred_version
 from moespec.costmodel.settings import (
@@ -143,6 +146,7 @@ class CandidatePrediction:
     h: tuple
     answer: PositionalAnswer
     settings: dict
+    passes: dict | None = None  # `bench.target_passes.TargetPasses` the rounds were priced with, if any
 
     @property
     def name(self) -> str:
@@ -156,16 +160,18 @@ class CandidatePrediction:
     def to_dict(self) -> dict:
         return {"candidate": self.candidate.to_dict(), "name": self.name, "version": self.version,
                 "kernel": self.kernel, "depth": self.depth, "tau": [plain(x) for x in self.tau],
-                "h": [plain(x) for x in self.h], "answer": self.answer.to_dict(), "settings": self.settings}
+                "h": [plain(x) for x in self.h], "answer": self.answer.to_dict(), "settings": self.settings,
+                **({"passes": self.passes} if self.passes is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CandidatePrediction":
         return cls(Candidate.from_dict(d["candidate"]), d["version"], d["kernel"], d["depth"], tuple(d["tau"]),
-                   tuple(d["h"]), PositionalAnswer.from_dict(d["answer"]), d["settings"])
+                   tuple(d["h"]), PositionalAnswer.from_dict(d["answer"]), d["settings"], d.get("passes"))
 
 
 def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, version: str = "calibrated",
-                      kernel: str = COST_AUTO, depth: int | None = None, overhead: bool = True) -> CandidatePrediction:
+                      kernel: str = COST_AUTO, depth: int | None = None, overhead: bool = True,
+                      passes: TargetPasses | None = None) -> CandidatePrediction:
     """k̂*, the speedup with its band, n-min, p-min and the settings for one calibrated candidate
     (p-min: the floor min_i c_i / V̂(0) as a draft probability, through the draft's measured
     confidence where its calibration has it, `costmodel.confidence`).
@@ -178,6 +184,9 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
     both weighted by the same shares: a round whose proposal came short pays the round of its length,
     and one that proposed nothing a plain round's (the engine runs those as plain greedy steps,
     `HostDrafter.quiet`, and llama.cpp's cost as little); for a draft model ĥ is unchanged.
+    With `passes` (the target's passes timed on the calibration prompts as decoding meets them,
+    `bench.target_passes`) the rounds are priced with those instead of τ̂: V̂(k) from
+    `positional.steady_round_times`, a round that proposed nothing a plain step; τ̂ stays in the record.
     The band uses the prediction's δ (none when δ >= 1: the bounds are vacuous) and, where the calibration
     kept each prompt's counts, spans the bootstrap over its prompts (`positional.answer`)."""
     kmax = calibration.kmax
@@ -186,8 +195,15 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
     own = expected_draft_cost(calibration.cost, acceptance.alpha[:kmax])
     full = [float(x) + (o if overhead else 0.0) for x, o in zip(own, got.overhead)]
     h = [float(x) for x in expected_pass_times(full, acceptance.draft_share)]  # a round pays for what it proposed
-    passes = [float(t) for t in expected_pass_times(got.tau, acceptance.draft_share)]
-    ans = answer(draft_step_times(passes, h), acceptance, delta=got.delta if got.delta < 1 else 0,
+    if passes is None:
+        step_times = draft_step_times([float(t) for t in expected_pass_times(got.tau, acceptance.draft_share)], h)
+    else:
+        if passes.kmax < kmax:
+            raise ValueError(f"the target's passes were timed to n = {passes.kmax + 1}, and k = {kmax} drafts need "
+                             f"n = {kmax + 1}; time them again with kmax >= {kmax}")
+        step_times = steady_round_times(passes.warm[: kmax + 1], passes.cold[: kmax + 1], passes.plain, full,
+                                        acceptance.draft_share)
+    ans = answer(step_times, acceptance, delta=got.delta if got.delta < 1 else 0,
                  prompts=calibration.measured.by_prompt)
     if got.delta >= 1:
         ans = replace(ans, speedup_low=0.0, speedup_high=math.inf)
@@ -196,7 +212,8 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
         p_min = calibrated_p_min(*calibration.confidence, float(ans.p_min))
         ans = ans if p_min is None else replace(ans, p_min=p_min)
     return CandidatePrediction(calibration.candidate, got.version, kernel, got.depth, tuple(got.tau), tuple(h), ans,
-                               candidate_settings(calibration.candidate, ans))
+                               candidate_settings(calibration.candidate, ans),
+                               None if passes is None else passes.to_dict())
 
 
 @dataclass(frozen=True)

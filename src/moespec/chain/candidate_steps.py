@@ -6,8 +6,10 @@
    acceptance by position α_1..α_kmax and its own cost h(k);
 3. where the demo runs the batch chain on llama.cpp, per GGUF draft model its own cost at each batch
    size B of the chain, h_B(k) (`bench.batch_draft_cost`, on the calibration half's prompts);
-   the answer over the candidates (`chain.candidate_answer`): V̂(k) = τ̂(k+1) + ĥ(k) from the chain's
-   calibrated prediction, k̂*, the speedup and its band, the lines for llama-server, vLLM and SGLang;
+   the target's passes on the calibration half as decoding meets them (`bench.target_passes`);
+   the answer over the candidates (`chain.candidate_answer`): V̂(k) = τ̄(k) + ĥ(k) with the passes
+   just timed (the chain's calibrated τ̂ beside them), k̂*, the speedup and its band, the lines for
+   llama-server, vLLM and SGLang;
    with the batch chain, each candidate's k̂*(B) (`chain.candidate_batch`);
 4. per candidate, the held-out check (`chain.candidate_check.check_heldout`): moespec's engine at
    every fixed k = 0..kmax on prompts the calibration never read;
@@ -125,6 +127,19 @@ def calibrate_step(model, tokenizer, *, candidate: dict, prompts: Path, knobs: d
     artifacts.write(path, run_files.CALIBRATION_KIND, {**cal.to_dict(), "settings": dict(knobs)})
 
 
+def passes_step(model, tokenizer, *, prompts: Path, knobs: dict, path: Path) -> None:
+    """The target's passes of n = 1..kmax + 1 tokens and a plain step on the calibration half, as decoding
+    meets them (`bench.target_passes`), `cost_reps` repetitions."""
+    from moespec.bench.target_passes import measure_target_passes
+    from moespec.texts import vocab_limit
+
+    ids = artifacts.load(prompts, run_files.KINDS[run_files.PROMPTS])["payload"]["calibration"]
+    got = measure_target_passes(model, ids, kmax=knobs["kmax"], reps=knobs["cost_reps"],
+                                vocab_limit=vocab_limit(tokenizer), greedy=knobs["temperature"] == 0)
+    artifacts.write(path, run_files.KINDS[run_files.PASSES], {**got.to_dict(), "half": "calibration",
+                                                              "settings": dict(knobs)})
+
+
 def check_step(model, tokenizer, *, candidate: dict, prompts: Path, knobs: dict, path: Path, **where) -> None:
     """One candidate at every fixed k = 0..kmax on the held-out half, timed by moespec's engine."""
     from moespec.chain.candidate_check import check_heldout
@@ -165,17 +180,22 @@ def batch_cost_step(model, tokenizer, *, candidate: dict, prompts: Path, measure
 
 
 def answer_step(*, prediction: Path, calibrations: Sequence[Path], kernel: str, path: Path,
-                batch_prediction: Path | None = None, batch_costs: Sequence[Path | None] = ()) -> None:
-    """candidates.json: each candidate's prediction and the answer over them; with the batch chain's
+                batch_prediction: Path | None = None, batch_costs: Sequence[Path | None] = (),
+                passes: Path | None = None) -> None:
+    """candidates.json: each candidate's prediction and the answer over them, its rounds priced with the
+    target's `passes` where given; with the batch chain's
     prediction, each candidate's k̂*(B) and vLLM's per-batch-size line (`chain.candidate_batch`; a
     draft model's from its h_B(k) in `batch_costs`, one path or None per candidate)."""
+    from moespec.bench.target_passes import TargetPasses
     from moespec.chain.candidate_answer import answer_for, predict_candidate
     from moespec.chain.candidates import CandidateCalibration
 
     doc = artifacts.load(prediction, run_files.KINDS[run_files.PREDICTION])
     cals = [CandidateCalibration.from_dict(artifacts.load(c, run_files.CALIBRATION_KIND)["payload"])
             for c in calibrations]
-    preds = [predict_candidate(doc, cal, kernel=kernel) for cal in cals]
+    timed = None if passes is None else \
+        TargetPasses.from_dict(artifacts.load(passes, run_files.KINDS[run_files.PASSES])["payload"])
+    preds = [predict_candidate(doc, cal, kernel=kernel, passes=timed) for cal in cals]
     got = {"candidates": [p.to_dict() for p in preds], "answer": answer_for(preds).to_dict()}
     if batch_prediction is not None and batch_prediction.exists():
         got["batch"] = batch_answer(batch_prediction, cals, batch_costs)
@@ -237,6 +257,11 @@ def drop_changed(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any]
                 settings_changed(got.get("settings", {}), dict(knobs)):
             echo(f"[candidates] {path.name} was made for another candidate or settings; making it again")
             path.unlink()
+    passes = p(run_files.PASSES)
+    if passes.exists() and settings_changed(artifacts.load(passes, run_files.KINDS[run_files.PASSES])["payload"]
+                                            .get("settings", {}), dict(knobs)):
+        echo(f"[candidates] {run_files.PASSES} was made with other settings; timing the passes again")
+        passes.unlink()
     if p(run_files.CANDIDATES).exists():
         got = artifacts.load(p(run_files.CANDIDATES), run_files.KINDS[run_files.CANDIDATES])["payload"]
         from moespec.chain.candidate_batch import NOT_TIMED
@@ -289,12 +314,15 @@ def candidate_steps(out: Path, candidates: Sequence[dict], knobs: Mapping[str, A
                    reads=(prompts,), model=HELD) for c, cal in zip(candidates, cals)]
     costs = batch_cost_steps(out, candidates, knobs, prompts=prompts, threads=threads, batch=batch)
     steps += [step for step in costs if step is not None]
+    passes = p(run_files.PASSES)
+    steps.append(Step("passes", passes, passes_step, dict(prompts=prompts, knobs=knobs, path=passes),
+                      reads=(prompts,), model=HELD))
     batched = (p(run_files.BATCH_PREDICTION),) if batch else ()
     timed = [None if step is None else step.writes for step in costs]
     steps.append(Step("candidates", p(run_files.CANDIDATES), answer_step, dict(
         prediction=p(run_files.PREDICTION), calibrations=cals, kernel=COST_DEDUP if llama else COST_AUTO,
-        path=p(run_files.CANDIDATES), batch_prediction=batched[0] if batched else None, batch_costs=timed),
-        reads=(p(run_files.PREDICTION), *batched, *cals, *(t for t in timed if t is not None))))
+        path=p(run_files.CANDIDATES), batch_prediction=batched[0] if batched else None, batch_costs=timed,
+        passes=passes), reads=(p(run_files.PREDICTION), *batched, *cals, passes, *(t for t in timed if t is not None))))
     steps += [Step(f"check {c['name']}", chk, check_step, dict(common, candidate=c, path=chk), reads=(prompts,),
                    model=HELD) for c, chk in zip(candidates, checks)]
     steps.append(Step("candidates-score", p(run_files.CANDIDATES_SCORE), score_step, dict(

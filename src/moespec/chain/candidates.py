@@ -202,7 +202,8 @@ def calibrate(target, tokenizer, candidate: Candidate | LoadedCandidate, prompts
     """The candidate on the calibration half `prompts` (ids, texts or chats): its acceptance by
     position from untimed decoding at kmax (`bench.candidate.measure_acceptance`, one proposer over
     all prompts, as a server keeps an n-gram pool) and h(k) timed at the depth of the first prompt
-    (`bench.candidate.measure_draft_cost`, `cost_reps` timings per k). Never given the held-out half."""
+    (`bench.candidate.measure_draft_cost`, `cost_reps` timings per k; a draft model's rounds each after
+    the target's pass, as in decoding). Never given the held-out half."""
     loaded = load_candidate(candidate, tokenizer=tokenizer, load=load)
     ids = prompt_ids(tokenizer, prompts)
     limit = vocab_limit(tokenizer)
@@ -217,7 +218,7 @@ def calibrate(target, tokenizer, candidate: Candidate | LoadedCandidate, prompts
     if loaded.candidate.kind == ORACLE:
         timed = RewoundOracle(timed)
     cost = measure_draft_cost(timed, target=spec, context=ids[0], kmax=kmax, reps=cost_reps,
-                              temperature=temperature, vocab_limit=limit)
+                              temperature=temperature, vocab_limit=limit, alternate=loaded.candidate.kind == DRAFT)
     return CandidateCalibration(loaded.candidate, measured, cost, confidence)
 
 

@@ -227,6 +227,36 @@ def expected_pass_times(tau: Sequence, share: Sequence) -> list:
     return out
 
 
+def proposal_lengths(share: Sequence, k: int) -> list:
+    """P_k(j), j = 0..k: the chance a round at draft length k proposes exactly j tokens, from the draft
+    shares s_j = P(L >= j) (s_0 = 1): s_j - s_{j+1} below k, s_k at k (the proposal is cut at k)."""
+    s = [1, *share[:k]]
+    if len(s) < k + 1:
+        raise ValueError(f"a round at k = {k} needs {k} draft shares, got {len(share)}")
+    return [s[j] - s[j + 1] for j in range(k)] + [s[k]]
+
+
+def steady_round_times(warm: Sequence, cold: Sequence, plain, extra: Sequence, share: Sequence) -> list:
+    """V(k), k = 0..kmax, of rounds as a run of decoding at one draft length meets them
+    (`bench.target_passes`): V(k) = P_k(0) plain + sum_{j>=1} P_k(j) [pass_k(j + 1) + extra(j)], where
+    a round that proposes nothing is a plain step (the engine runs those as plain greedy steps), and the
+    pass of j + 1 tokens is warm when the round before verified as many and cold otherwise, rounds taken
+    as independent: pass_k(m) = P_k(m - 1) warm(m) + (1 - P_k(m - 1)) cold(m). A draft model always
+    proposes k (s_j = 1): V(k) = warm(k + 1) + extra(k). warm, cold: [kmax + 1], index n - 1 the pass of
+    n tokens; extra: [kmax + 1], extra[j] the drafting and the engine's time of a round that proposed j
+    (extra[0] unused). Exact on Fractions."""
+    kmax = len(warm) - 1
+    if len(cold) != kmax + 1 or len(extra) != kmax + 1:
+        raise ValueError(f"warm has {len(warm)} pass sizes, cold {len(cold)} and extra {len(extra)}; give one "
+                         "per n = 1..kmax + 1")
+    out = []
+    for k in range(kmax + 1):
+        p = proposal_lengths(share, k)
+        out.append(p[0] * plain + sum(p[j] * (p[j] * warm[j] + (1 - p[j]) * cold[j] + extra[j])
+                                      for j in range(1, k + 1)))
+    return check_step_times(out)
+
+
 def ratios(V: Sequence, alpha: Sequence) -> list:
     """[kmax + 1] E(k)/V(k), tokens per unit time at each k (exact on exact inputs)."""
     V = check_step_times(V)

@@ -1,0 +1,102 @@
+"""The target's verify passes as the user's decoding meets them: on their prompts, one pass after another
+(issue 50).
+
+The chain's τ̂(n) follows the cost-model paper's protocol (App. D): pass sizes in rotation, the cache
+flushed before each pass when the weights outgrow half the last-level cache, the expert operation and
+the terms outside it timed between the passes, all at depth 512. That measures each term cleanly, and on
+a model of ~50 ms a pass it is what decoding pays. On a small model it is not: llama.cpp rebuilds its
+graph when a pass differs in size from the last (~0.25 ms on a 6-layer model), the timings between the
+passes evict the weights, and a flushed pass reads them cold where decoding finds them warm. On the
+trained pair (~0.5 ms a pass) the chain's τ̂(1) was 1.02 ms, decoding paid 0.61 ms; on SmolLM2-135M
+16.3 ms against 8.3 ms; every speedup the answer named read that difference.
+
+`measure_target_passes` times what the answer for a user's draft needs: on each calibration prompt at
+its own length, for n = 1..kmax + 1 in rotation, a pass of n tokens right after one of another size
+("cold": the graph rebuilt) and then again ("warm": a run of rounds at one draft length, the graph
+reused), nothing run between; and a plain greedy step as the engine decodes plainly (its compiled
+loop where the backend has one). `chain.candidate_answer.predict_candidate` prices a round with these.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from statistics import median
+from typing import Sequence
+
+import torch
+
+from moespec.backends.protocol import as_spec_model
+
+PLAIN_STEPS = 8  # plain greedy steps timed per repetition
+
+
+@dataclass(frozen=True)
+class TargetPasses:
+    """Medians, seconds: warm[n - 1] a pass of n tokens after one of the same size, cold[n - 1] after one
+    of another size, n = 1..kmax + 1; plain one plain greedy step; depths: the prompts' lengths."""
+
+    warm: tuple[float, ...]
+    cold: tuple[float, ...]
+    plain: float
+    reps: int
+    depths: tuple[int, ...]
+
+    @property
+    def kmax(self) -> int:
+        return len(self.warm) - 1
+
+    def to_dict(self) -> dict:
+        return {"warm": list(self.warm), "cold": list(self.cold), "plain": self.plain, "reps": self.reps,
+                "depths": list(self.depths)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TargetPasses":
+        return cls(tuple(d["warm"]), tuple(d["cold"]), float(d["plain"]), int(d["reps"]), tuple(d["depths"]))
+
+
+def measure_target_passes(target, prompts: Sequence[Sequence[int]], *, kmax: int, reps: int = 20,
+                          vocab_limit: int | None = None, greedy: bool = True,
+                          clock=time.perf_counter) -> TargetPasses:
+    """`TargetPasses` of `target` on `prompts` ([P_i] ids each, P_i >= 2), `reps` repetitions in all,
+    shared among the prompts in turn. A pass feeds n of the prompt's own tokens after the prompt, as
+    the engine's verify does (`extend_argmax` under greedy decoding, else `extend`), and the cache is
+    cut back after it, outside the timing. clock: seconds (a fake one in tests)."""
+    if kmax < 0 or reps < 1 or not prompts or min(len(p) for p in prompts) < 2:
+        raise ValueError(f"need kmax >= 0 (got {kmax}), reps >= 1 (got {reps}) and prompts of >= 2 tokens each")
+    spec = as_spec_model(target)
+    limit = vocab_limit or spec.width
+    step = (lambda ids: spec.extend_argmax(ids, limit)) if greedy and hasattr(spec, "extend_argmax") else spec.extend
+    warm, cold, plain = [[] for _ in range(kmax + 1)], [[] for _ in range(kmax + 1)], []
+    for i, prompt in enumerate(prompts):
+        ids = torch.as_tensor(list(prompt), dtype=torch.long)
+        spec.reset()
+        spec.extend(ids[:-1], outputs=1)
+        base = spec.length
+        for rep in range(i, reps, len(prompts)):
+            sizes = list(range(1, kmax + 2))
+            for n in sizes[rep % len(sizes):] + sizes[: rep % len(sizes)]:
+                for store in (cold[n - 1], warm[n - 1]):
+                    tokens = ids[torch.arange(n) % len(ids)]
+                    start = clock()
+                    step(tokens)
+                    store.append(clock() - start)
+                    spec.truncate(base)
+            plain.append(_plain_step(spec, int(ids[-1]), limit, greedy, step, clock))
+            spec.truncate(base)
+    spec.reset()
+    return TargetPasses(tuple(map(median, warm)), tuple(map(median, cold)), median(plain), reps,
+                        tuple(len(p) for p in prompts))
+
+
+def _plain_step(spec, token: int, limit: int, greedy: bool, step, clock) -> float:
+    """Seconds of one plain greedy step as the engine decodes plainly: the median of `PLAIN_STEPS` steps
+    of the backend's `greedy_steps` (compiled where it has one), else a pass of one token after another."""
+    if greedy and hasattr(spec, "greedy_steps"):
+        _, seconds = spec.greedy_steps(token, PLAIN_STEPS, limit)
+        if seconds:
+            return float(median(seconds))
+    step(torch.tensor([token]))
+    start = clock()
+    step(torch.tensor([token]))
+    return clock() - start

@@ -1,0 +1,81 @@
+"""The target's passes as decoding meets them (`bench.target_passes`) on a fake clock, and the rounds they
+price (`costmodel.positional.steady_round_times`) on exact rationals."""
+
+from fractions import Fraction as F
+
+import pytest
+import torch
+
+from moespec.bench.target_passes import TargetPasses, measure_target_passes
+from moespec.costmodel.positional import proposal_lengths, steady_round_times
+
+BASE, PER_TOKEN, REBUILD = 3.0, 1.0, 0.5  # a fake pass: BASE + n PER_TOKEN, + REBUILD after another size
+
+
+class GraphModel:
+    """A SpecModel whose pass of n tokens costs BASE + n PER_TOKEN on `clock`, and REBUILD more when the
+    pass before it had another size (llama.cpp's graph rebuilt); prefills and passes alike."""
+
+    def __init__(self, clock):
+        self.clock, self.tokens, self.last, self.width, self.vocab_limit = clock, [], None, 16, None
+
+    @property
+    def length(self):
+        return len(self.tokens)
+
+    def reset(self):
+        self.tokens = []
+
+    def truncate(self, n):
+        del self.tokens[n:]
+
+    def extend(self, tokens, outputs=None):
+        n = int(tokens.numel())
+        self.clock.now += BASE + n * PER_TOKEN + (REBUILD if n != self.last else 0.0)
+        self.last = n
+        self.tokens += tokens.tolist()
+        return torch.zeros(n if outputs is None else outputs, self.width)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_warm_and_cold_passes_and_a_plain_step_on_a_fake_clock():
+    # 2 prompts, 5 repetitions shared between them, kmax = 3: every pass size after another (cold) and
+    # after itself (warm); the plain step is a one-token pass after one (no greedy_steps here)
+    clock = Clock()
+    model = GraphModel(clock)
+    got = measure_target_passes(model, [[1, 2, 3, 4, 5], [6, 7, 8]], kmax=3, reps=5, clock=clock)
+    assert got.warm == tuple(BASE + n * PER_TOKEN for n in range(1, 5))
+    assert got.cold == tuple(BASE + n * PER_TOKEN + REBUILD for n in range(1, 5))
+    assert got.plain == BASE + PER_TOKEN and got.depths == (5, 3) and got.reps == 5
+    assert model.length == 0  # cut back and reset: the passes leave no trace in the cache
+    assert TargetPasses.from_dict(got.to_dict()) == got
+
+
+def test_refusals():
+    clock = Clock()
+    for bad in (dict(kmax=-1), dict(reps=0), dict(prompts=[[1]]), dict(prompts=[])):
+        kw = dict(prompts=[[1, 2, 3]], kmax=2, reps=2) | bad
+        with pytest.raises(ValueError):
+            measure_target_passes(GraphModel(clock), **kw, clock=clock)
+
+
+def test_proposal_lengths_and_steady_rounds_by_hand():
+    share = [F(1, 2), F(1, 4)]
+    assert proposal_lengths(share, 0) == [1] and proposal_lengths(share, 2) == [F(1, 2), F(1, 4), F(1, 4)]
+    warm, cold, plain, extra = [1, 2, 3], [2, 3, 4], F(1, 2), [0, F(1, 10), F(1, 5)]
+    # k = 1: half the rounds are plain steps, half pass 2 tokens, warm half the time (the round before
+    # passed 2 as well): 1/2 * 1/2 + 1/2 (1/2 * 2 + 1/2 * 3 + 1/10) = 31/20
+    # k = 2: 1/2 plain, 1/4 propose 1 (warm a quarter of the time), 1/4 propose 2:
+    # 1/4 + 1/4 (2/4 + 9/4 + 1/10) + 1/4 (3/4 + 12/4 + 1/5) = 39/20
+    assert steady_round_times(warm, cold, plain, extra, share) == [F(1, 2), F(31, 20), F(39, 20)]
+    # a draft model proposes k every round: its pass is always warm
+    assert steady_round_times(warm, cold, plain, extra, [1, 1]) == [F(1, 2), F(21, 10), F(16, 5)]
+    with pytest.raises(ValueError):
+        steady_round_times(warm, cold[:2], plain, extra, share)
