@@ -88,6 +88,29 @@ class PrefilledTarget(GreedyByLogits):
         self._length = start + n
         return torch.cat(parts)[-rows:]
 
+    def extend_argmax(self, tokens: torch.Tensor, limit: int, outputs: int | None = None) -> list[int]:
+        """Past the prompt, the backend's own (`SpecModel.extend_argmax`: compiled on llama.cpp), as a run
+        on the bare model takes it; inside it, off the kept rows."""
+        if self._length < self.prompt.shape[0]:
+            return super().extend_argmax(tokens, limit, outputs)
+        return self._past_prompt(lambda: self.inner.extend_argmax(tokens, limit, outputs))
+
+    def greedy_steps(self, token: int, steps: int, limit: int, eos=(), stop=None) -> tuple[list[int], list[float]]:
+        """Past the prompt, the backend's own greedy steps (one compiled call on llama.cpp), so that a run
+        on a prefilled prompt decodes plainly as one on the bare model does."""
+        if self._length < self.prompt.shape[0]:
+            return super().greedy_steps(token, steps, limit, eos, stop)
+        return self._past_prompt(lambda: self.inner.greedy_steps(token, steps, limit, eos, stop))
+
+    def _past_prompt(self, call):
+        """`call()` on the real cache, which holds this target's text; the positions it fed counted."""
+        before, seconds = self.inner.length, self.inner.forward_s
+        try:
+            return call()
+        finally:
+            self._length += self.inner.length - before
+            self.forward_s += self.inner.forward_s - seconds
+
 
 def avoid_slot_prefill(model) -> None:
     """Leave the per-slot kernel before a prefill: it reads one expert per (token, slot), d*m reads."""
