@@ -7,6 +7,8 @@ from fractions import Fraction as F
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moespec.costmodel.theory import best_draft_length, speculation_pays
 from moespec.engine.policy import AutoK, FixedK, Policy, interpolate_step_times, make_policy
@@ -337,3 +339,20 @@ def test_a_probes_cost_holds_the_proposers_catch_up():
             chosen.append(policy.choose())
             policy.update(drafted=chosen[-1], accepted=0, tested=min(chosen[-1], 1), seconds=None)
         assert chosen == [0] * due + [1], (catch_up, chosen)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(1e-4, 1e-2), st.booleans()), min_size=1, max_size=40),
+       st.lists(st.one_of(st.none(), st.floats(1e-4, 1e-2)), max_size=30))
+def test_a_run_of_plain_rounds_updates_as_one_update_each(history, run):
+    # two policies after the same history (drafting and plain rounds); then one takes the run of plain
+    # rounds one `update` at a time, the other in one `update_plain`: the same estimates and choices
+    a, b = AutoK(max_k=3), AutoK(max_k=3)
+    for k, seconds, timed in history:
+        for p in (a, b):
+            p.update(drafted=k, accepted=k // 2, tested=k, seconds=seconds if timed else None)
+    for s in run:
+        a.update(drafted=0, accepted=0, tested=0, seconds=s)
+    b.update_plain(run)
+    assert a.state() == b.state() and a.choose() == b.choose() and a.plain_run() == b.plain_run()
+    assert (a.since_draft, a.since_plain, a._wait, a._warm) == (b.since_draft, b.since_plain, b._wait, b._warm)

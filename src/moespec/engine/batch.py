@@ -250,18 +250,25 @@ def _plain_rounds(model: BatchModel, policy: Policy, live: list[_Sequence], run:
     except NoMaximum as e:
         raise ValueError(f"plain round {e.row} of a batch: {e.what} in a row of the target's logits") from None
     ends = list(accumulate(seconds, initial=start))[1:]
+    update = getattr(policy, "update_plain", None)
     for n, s in enumerate(live):
         got = produced[:, n]
         s.seq[s.length: s.length + len(got)] = torch.from_numpy(got.astype(np.int64))
+        taken = []  # the rounds this sequence took, as the policy's update reads them
         for token, step_s, end in zip(got.tolist(), seconds, ends):
             s.length += 1
             r = Round(chosen=0, drafted=0, tested=0, accepted=0, new_tokens=1, eos=token in eos, timed=True,
                       draft_s=0.0, verify_s=step_s, sampling_s=0.0, seconds=step_s)
             s.log.add(r, end)
-            policy.update(drafted=0, accepted=0, tested=0, seconds=step_s if n == 0 else None)
+            taken.append(step_s if n == 0 else None)
             if r.eos or s.new_tokens >= max_new_tokens:
                 s.stop = "eos" if r.eos else "max_new_tokens"
                 break
+        if update is not None:
+            update(taken)
+        else:
+            for step_s in taken:
+                policy.update(drafted=0, accepted=0, tested=0, seconds=step_s)
     return seconds
 
 
