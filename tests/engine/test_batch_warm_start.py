@@ -282,3 +282,22 @@ def test_a_probe_is_priced_with_the_drafts_catch_up_once_its_fill_rate_is_known(
     assert second.tokens == first.tokens == [(59 + 1 + i) % V for i in range(40)]  # plain decoding's
     proposers._fill_rates.clear()  # the same store, the fill rate forgotten: the probe is back
     assert any(call().batch.k_per_round)
+
+
+def test_a_plain_call_that_learned_nothing_new_leaves_the_store_unwritten(store, pair):
+    # the store says drafting does not pay at B = 1; a call that decodes plainly at the stored plain time
+    # (the fake clock's, exactly) writes nothing; one whose plain rounds took 10% longer writes them
+    target, draft = pair(1, 5.0)
+    store_sizes(target, draft, [1], 5.0, (0.9,) * MAX_K)
+    before = store.read_bytes()
+    out = run(target, draft, 1)
+    assert set(out[0].batch.k_per_round) == {0} and store.read_bytes() == before
+    store_sizes(target, draft, [1], 5.0, (0.9,) * MAX_K)  # written again: stored plain now 1.1x the clock's
+    entries = step_store.read_store(store)
+    entry = next(iter(entries.values()))
+    entry["measured"]["0"] *= 1.1
+    store.write_text(json.dumps({"version": step_store.STORE_VERSION, "entries": entries}))
+    before = store.read_bytes()
+    run(target, draft, 1)
+    after = next(iter(step_store.read_store(store).values()))["measured"]["0"]
+    assert store.read_bytes() != before and after < entry["measured"]["0"]
