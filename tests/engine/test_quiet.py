@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moespec.backends.protocol import GreedyByLogits, StepStop, fold
+from moespec.backends.table_model import TableLM
 from moespec.engine.decode import generate
 from moespec.engine.ngram import MOD_CHUNK, NgramMod, NgramSimple, mod_index
 from moespec.engine.proposers import HostDrafter, PromptLookup
@@ -151,3 +152,34 @@ def test_a_quiet_run_keeps_max_steps_and_the_token_budget(table_lm):
                        max_steps=max_steps)
         assert out.stats.rounds <= max_steps and len(out.tokens) <= budget
         assert len(out.tokens) == budget or out.stats.rounds == max_steps
+
+
+class _PerRound:
+    """A policy seen without `update_plain`: the decode loop then updates it round by round."""
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def __getattr__(self, name):
+        if name == "update_plain":
+            raise AttributeError(name)
+        return getattr(self.policy, name)
+
+
+def test_a_run_of_plain_rounds_updates_auto_k_once_as_round_by_round_would():
+    # step times that say no k pays (V(k) >= (k + 1) V(0)): k="auto" decodes in plain runs; one AutoK
+    # takes each run in one update_plain, the other round by round: same tokens, same counts
+    from moespec.engine.policy import AutoK
+
+    V = [1e-3, 5e-3, 9e-3]
+    runs, target = [], TableLM(24, seed=3)
+    whole, per_round = AutoK(max_k=2, V=V), AutoK(max_k=2, V=V)
+    real = whole.update_plain
+    whole.update_plain = lambda seconds: runs.append(len(seconds)) or real(seconds)
+    prompt = [1, 2, 3, 4, 1, 2]
+    a = generate(target, prompt, draft=PromptLookup(2), k=whole, max_new_tokens=40)
+    b = generate(target, prompt, draft=PromptLookup(2), k=_PerRound(per_round), max_new_tokens=40)
+    assert a.tokens == b.tokens and set(a.stats.k_per_round) == {0}
+    assert runs and sum(runs) == len(a.stats.k_per_round) - 1  # every round after the prefill's, in runs
+    for name in ("timed", "since_draft", "since_plain", "_warm", "tests"):
+        assert getattr(whole, name) == getattr(per_round, name)

@@ -242,6 +242,16 @@ def _next_rounds(plain: int, *, target, proposer, sampler: Sampler, policy: Poli
     return [r], [clock()]
 
 
+def _update(policy: Policy, rounds: list, *, plain: bool) -> None:
+    """The policy after `rounds`: a run of plain rounds in one `update_plain` where the policy has it
+    (`AutoK`: its estimates recomputed once), else an `update` per round."""
+    if plain and hasattr(policy, "update_plain"):
+        policy.update_plain([r.seconds if r.timed else None for r in rounds])
+        return
+    for r in rounds:
+        policy.update(drafted=r.drafted, accepted=r.accepted, tested=r.tested, seconds=r.seconds if r.timed else None)
+
+
 def _decode(target, proposer: Proposer | None, sampler: Sampler, policy: Policy, prompt: torch.Tensor, *,
             max_new_tokens: int, max_steps: int | None, eos: set[int], prefill_last: bool, warm_mode: str | None,
             key: dict | None, clock) -> GenerationResult:
@@ -276,8 +286,7 @@ def _decode(target, proposer: Proposer | None, sampler: Sampler, policy: Policy,
         for r, end in zip(rounds, ends):
             pending, length = None, length + r.new_tokens
             log.add(r, end)
-            policy.update(drafted=r.drafted, accepted=r.accepted, tested=r.tested,
-                          seconds=r.seconds if r.timed else None)
+        _update(policy, rounds, plain=bool(plain))
         if rounds[-1].eos:
             stop = "eos"
             break
