@@ -36,7 +36,7 @@ from moespec.device import peak_rss_bytes
 from moespec.engine.batch_proposers import BatchProposer, SlotView, batch_proposer, prefill_slot
 from moespec.engine.batch_warm_start import BatchWarmStart, resolve_batch_mode
 from moespec.engine.decode import PLAIN_RUN_MIN, as_prompt, eos_ids
-from moespec.engine.policy import Policy, make_policy
+from moespec.engine.policy import Policy, make_policy, record_plain_run
 from moespec.engine.proposers import Proposal
 from moespec.engine.round import Round, greedy_walk, until_eos
 from moespec.engine.sampling import Sampler, SamplingConfig
@@ -250,7 +250,6 @@ def _plain_rounds(model: BatchModel, policy: Policy, live: list[_Sequence], run:
     except NoMaximum as e:
         raise ValueError(f"plain round {e.row} of a batch: {e.what} in a row of the target's logits") from None
     ends = list(accumulate(seconds, initial=start))[1:]
-    update = getattr(policy, "update_plain", None)
     for n, s in enumerate(live):
         got = produced[:, n]
         s.seq[s.length: s.length + len(got)] = torch.from_numpy(got.astype(np.int64))
@@ -264,11 +263,7 @@ def _plain_rounds(model: BatchModel, policy: Policy, live: list[_Sequence], run:
             if r.eos or s.new_tokens >= max_new_tokens:
                 s.stop = "eos" if r.eos else "max_new_tokens"
                 break
-        if update is not None:
-            update(taken)
-        else:
-            for step_s in taken:
-                policy.update(drafted=0, accepted=0, tested=0, seconds=step_s)
+        record_plain_run(policy, taken)
     return seconds
 
 

@@ -32,9 +32,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from moespec.engine.policy import Policy
+from moespec.engine.step_store import entry_points, lookup, remember_all, seed_from_entry
 
 SAME_PLAIN = 0.02  # a call that only decoded plainly within this share of the stored plain time writes nothing
-from moespec.engine.step_store import entry_points, lookup, remember_all, seed_from_entry
 
 MODES = ("store",)
 

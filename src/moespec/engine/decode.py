@@ -17,7 +17,7 @@ import torch
 
 from moespec.backends.protocol import as_spec_model
 from moespec.device import peak_rss_bytes, synchronize
-from moespec.engine.policy import Policy, make_policy
+from moespec.engine.policy import Policy, make_policy, record_plain_run
 from moespec.engine.proposers import DraftModel, Proposer
 from moespec.engine.round import plain_rounds, prefill, quiet_rounds, run_round
 from moespec.engine.sampling import Sampler, SamplingConfig
@@ -243,10 +243,10 @@ def _next_rounds(plain: int, *, target, proposer, sampler: Sampler, policy: Poli
 
 
 def _update(policy: Policy, rounds: list, *, plain: bool) -> None:
-    """The policy after `rounds`: a run of plain rounds in one `update_plain` where the policy has it
-    (`AutoK`: its estimates recomputed once), else an `update` per round."""
-    if plain and hasattr(policy, "update_plain"):
-        policy.update_plain([r.seconds if r.timed else None for r in rounds])
+    """The policy after `rounds`: a run of plain rounds at once (`policy.record_plain_run`), else an
+    `update` per round."""
+    if plain:
+        record_plain_run(policy, [r.seconds if r.timed else None for r in rounds])
         return
     for r in rounds:
         policy.update(drafted=r.drafted, accepted=r.accepted, tested=r.tested, seconds=r.seconds if r.timed else None)

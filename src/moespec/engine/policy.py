@@ -381,6 +381,17 @@ class AutoK:
         }
 
 
+def record_plain_run(policy: Policy, seconds: Sequence[float | None]) -> None:
+    """A run of plain rounds into `policy` (seconds as `update` takes them): its `update_plain` where it
+    has one (`AutoK`: the estimates recomputed once), else an `update` per round."""
+    own = getattr(policy, "update_plain", None)
+    if own is not None:
+        own(seconds)
+        return
+    for s in seconds:
+        policy.update(drafted=0, accepted=0, tested=0, seconds=s)
+
+
 def _checked_seed(V: Sequence[float], max_k: int) -> list[float]:
     V = list(V)
     if len(V) != max_k + 1 or not all(math.isfinite(v) and v > 0 for v in V):
