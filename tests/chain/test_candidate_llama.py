@@ -107,6 +107,31 @@ def test_the_lines_give_each_figure_beside_its_goal(folder):
     assert "pays: n/a" in text and "oracle a=0.8: not run" in text
 
 
+def test_the_goals_read_the_answer_llama_cpps_line_was_priced_with(folder):
+    """moespec's engine says plain (k = 0) and llama.cpp's loop k = 2 (`llama_answer`): the line drafts at 2,
+    so "never below plain where the answer says it pays" applies to it."""
+    doc = artifacts.load(folder / run_files.CANDIDATES, run_files.KINDS[run_files.CANDIDATES])["payload"]
+    first = doc["candidates"][0]
+    doc["candidates"] = [{**first, "answer": {"k_star": 0}, "llama_answer": {"k_star": 2}}]
+    artifacts.write(folder / run_files.CANDIDATES, run_files.KINDS[run_files.CANDIDATES], doc)
+    (got,) = run_step(folder, [])["candidates"]
+    assert got["predicted_k"] == 2 and got["answer_pays"] and got["emitted_n_max"] == 2
+    assert got["goals"]["emitted_vs_plain"] == {"value": 2.0, "goal": 1.0, "applies": True, "met": True}
+
+
+def test_a_line_priced_on_another_candidate_is_checked_there_only(folder):
+    doc = artifacts.load(folder / run_files.CANDIDATES, run_files.KINDS[run_files.CANDIDATES])["payload"]
+    first = doc["candidates"][0]
+    twin = {**first, "name": "lookup", "settings": {"llama.cpp": {**first["settings"]["llama.cpp"],
+                                                                  "priced_by": first["name"]}}}
+    doc["candidates"] = [first, twin]
+    artifacts.write(folder / run_files.CANDIDATES, run_files.KINDS[run_files.CANDIDATES], doc)
+    calls = []
+    checked, skipped = run_step(folder, calls)["candidates"]
+    assert len(calls) == 1 + 2 * 6 and checked["skipped"] is None  # the probe, then one candidate's settings
+    assert skipped["skipped"] == f"llama.cpp runs its line, that of {first['name']!r}: checked there"
+
+
 def test_a_target_that_is_not_a_gguf_file_is_refused(folder):
     with pytest.raises(ValueError, match="needs the target as a GGUF file"):
         llama_check_step(prompts=folder / run_files.PROMPTS, candidates=folder / run_files.CANDIDATES,

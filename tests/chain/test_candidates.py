@@ -10,13 +10,14 @@ import torch
 import moespec.engine.decode as decode
 from moespec.backends.table_model import TableLM
 from moespec.bench.candidate import CandidateAcceptance, DraftCost
-from moespec.chain.candidate_answer import CandidatePrediction, answer_for, predict_candidate
+from moespec.chain.candidate_answer import CandidatePrediction, answer_for, lookup_lines, predict_candidate
 from moespec.chain.candidate_check import HeldoutCheck, CandidatesScore, check_heldout, score_candidates
-from moespec.chain.candidates import Candidate, CandidateCalibration, calibrate
+from moespec.chain.candidates import Candidate, CandidateCalibration, calibrate, user_candidates
 from moespec.costmodel.positional import PositionalAcceptance
 from moespec.engine.ngram import NgramMod, NgramSimple
 from moespec.engine.proposers import OracleDraft, PromptLookup
 from moespec.models import load
+from moespec.report.candidates import engine_lines
 
 
 @pytest.fixture(autouse=True)
@@ -215,11 +216,40 @@ def test_engine_overhead_adds_to_the_draft_cost():
     cal = calibration(Candidate("ngram-mod", n=16), (8, 4, 1), (4, 1, 0), (0, 0, 0, 0), (0, 0, 0, 0))
     p = predict_candidate(payload([1, 1.25, 1.5, 1.75], h=[0, 0.25, 0.5, 0.75]), cal)
     assert p.h == (0, 0.25, 0.5, 0.75) and p.answer.step_times == (1, 1.5, 2, 2.5) and p.answer.k_star == 0
-    assert p.settings["llama.cpp"]["fragment"] == "--spec-type none"
-    assert predict_candidate(payload([1, 1.25, 1.5, 1.75], h=[0, 0.25, 0.5, 0.75]), cal,
-                             overhead=False).answer.k_star == 1
+    assert not p.settings["vllm"]["speculate"] and not p.settings["sglang"]["speculate"]
+    # llama.cpp's line is priced on its compiled loop, which spends no engine time: V = tau, k = 1 at 6/5
+    assert p.llama_answer.step_times == (1, 1.25, 1.5, 1.75) and p.llama_answer.k_star == 1
+    assert p.llama_answer.speedup == pytest.approx(6 / 5)
+    assert p.settings["llama.cpp"]["fragment"] == ("--spec-type ngram-mod --spec-ngram-mod-n-match 16 "
+                                                   "--spec-ngram-mod-n-max 1 --spec-ngram-mod-n-min 1")
+    assert "its draft length is 1, where moespec's engine (its Python round) takes 0" in p.settings["llama.cpp"]["why"]
+    assert p.settings["llama.cpp"]["why"] in "\n".join(engine_lines(p.settings))
+    assert CandidatePrediction.from_dict(p.to_dict()).llama_answer == p.llama_answer
+    alone = predict_candidate(payload([1, 1.25, 1.5, 1.75], h=[0, 0.25, 0.5, 0.75]), cal, overhead=False)
+    assert alone.answer.k_star == 1 and alone.llama_answer is None
     with pytest.raises(ValueError, match="h\\(k\\) stops at k = 2"):
         predict_candidate(payload([1, 1.25, 1.5, 1.75], h=[0, 0.25, 0.5]), cal)
+
+
+def test_prompt_lookup_of_a_gguf_target_is_priced_for_llama_cpp_on_its_ngram_mod():
+    names = [c["name"] for c in user_candidates(prompt_lookup=3, target_gguf="t.gguf")]
+    assert names == ["prompt-lookup n=3", "ngram-mod n=3 n-min=1"]  # llama-server's lookup, measured beside it
+    assert [c["name"] for c in user_candidates(prompt_lookup=3)] == ["prompt-lookup n=3"]  # no llama.cpp line run
+    named = user_candidates(prompt_lookup=3, ngrams=["ngram-mod:3"], target_gguf="t.gguf")
+    assert [c["name"] for c in named] == ["prompt-lookup n=3", "ngram-mod n=3 n-min=1"]
+    # the lookup's own acceptance is 0 (decode plainly); its ngram-mod drafts at k = 1: llama.cpp's line
+    # for the lookup is the ngram-mod's, the other engines' lines stay the lookup's own
+    mod = ngram_prediction(Candidate("ngram-mod", n=3))
+    lookup = predict_candidate(payload([1, 1.25, 1.5, 1.75]), calibration(
+        Candidate("prompt-lookup", n=3), (8, 8, 8), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0)))
+    other = ngram_prediction(Candidate("ngram-mod", n=4))
+    got = lookup_lines([lookup, mod, other])
+    assert lookup.settings["llama.cpp"]["fragment"] == "--spec-type none"
+    assert got[0].settings["llama.cpp"]["fragment"] == mod.settings["llama.cpp"]["fragment"] != "--spec-type none"
+    assert got[0].settings["llama.cpp"]["priced_by"] == "ngram-mod n=3 n-min=1"
+    assert got[0].settings["vllm"] == lookup.settings["vllm"] and got[0].answer == lookup.answer
+    assert got[1:] == [mod, other]
+    assert lookup_lines([lookup, other])[0] == lookup  # no ngram-mod of its n: unchanged
 
 
 def test_answer_names_the_best_or_decode_plainly():

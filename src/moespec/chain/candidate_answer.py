@@ -43,6 +43,8 @@ from moespec.costmodel.settings import (
 )
 from moespec.kernel_names import COST_AUTO
 
+LLAMA_LOOP_NOTE = ("llama.cpp's compiled loop adds next to nothing to a round beyond the pass and the drafter, "
+                   "so its draft length is {k_llama}, where moespec's engine (its Python round) takes {k}")
 NGRAM_SIMPLE_NOTE = ("llama.cpp's ngram-simple rule, the one measured; size-m is the draft length k̂*; "
                      "vLLM's and SGLang's n-gram lookups are their own rules, priced at this acceptance")
 
@@ -116,19 +118,25 @@ def ngram_simple_settings(candidate: Candidate, k: int) -> Settings:
     return Settings("llama.cpp", True, values, fragment, NGRAM_SIMPLE_NOTE)
 
 
-def candidate_settings(candidate: Candidate, ans: PositionalAnswer) -> dict[str, dict]:
-    """{engine: Settings.to_dict()} at k̂*, n-min and p-min of the answer. llama-server runs the rule
+def candidate_settings(candidate: Candidate, ans: PositionalAnswer,
+                       llama: PositionalAnswer | None = None) -> dict[str, dict]:
+    """{engine: Settings.to_dict()} at k̂*, n-min and p-min of the answer (llama.cpp's line at those of
+    `llama`, the rounds priced on its compiled loop, where given). llama-server runs the rule
     measured: -md FILE for a draft file; ngram-mod with the candidate's n-match and n-min (n-max k̂*);
     ngram-simple with its size-n (size-m k̂*). A prompt-lookup candidate's llama.cpp line is ngram-mod,
-    another rule (measure an ngram-mod candidate to price it); the oracle's names DRAFT_MODEL."""
+    another rule (`lookup_lines` gives it the line of an ngram-mod candidate of the same n); the
+    oracle's names DRAFT_MODEL."""
     k, draft = ans.k_star, candidate.draft if candidate.kind == DRAFT else None
     lookup = candidate.n if candidate.kind in (LOOKUP, NGRAM_MOD, NGRAM_SIMPLE) else None
+    own = llama or ans
     if candidate.kind == NGRAM_SIMPLE:
-        llama = ngram_simple_settings(candidate, k)
+        line = ngram_simple_settings(candidate, own.k_star)
     else:
-        n_min = min(candidate.n_min, k) if candidate.kind == NGRAM_MOD else ans.n_min
-        llama = llama_cpp_settings(k=k, n_min=n_min, p_min=ans.p_min, draft=draft, prompt_lookup=lookup)
-    return {"llama.cpp": llama.to_dict(), "vllm": vllm_settings(k=k, draft=draft, prompt_lookup=lookup).to_dict(),
+        n_min = min(candidate.n_min, own.k_star) if candidate.kind == NGRAM_MOD else own.n_min
+        line = llama_cpp_settings(k=own.k_star, n_min=n_min, p_min=own.p_min, draft=draft, prompt_lookup=lookup)
+    why = LLAMA_LOOP_NOTE.format(k_llama=llama.k_star, k=k) if llama is not None and llama.k_star != k else None
+    line = line.to_dict() if why is None else {**line.to_dict(), "note": f"{line.note}; {why}", "why": why}
+    return {"llama.cpp": line, "vllm": vllm_settings(k=k, draft=draft, prompt_lookup=lookup).to_dict(),
             "sglang": sglang_settings(k=k, draft=draft, prompt_lookup=lookup).to_dict()}
 
 
@@ -147,6 +155,7 @@ class CandidatePrediction:
     answer: PositionalAnswer
     settings: dict
     passes: dict | None = None  # `bench.target_passes.TargetPasses` the rounds were priced with, if any
+    llama_answer: PositionalAnswer | None = None  # priced on llama.cpp's loop (no engine time per round)
 
     @property
     def name(self) -> str:
@@ -161,12 +170,14 @@ class CandidatePrediction:
         return {"candidate": self.candidate.to_dict(), "name": self.name, "version": self.version,
                 "kernel": self.kernel, "depth": self.depth, "tau": [plain(x) for x in self.tau],
                 "h": [plain(x) for x in self.h], "answer": self.answer.to_dict(), "settings": self.settings,
-                **({"passes": self.passes} if self.passes is not None else {})}
+                **({"passes": self.passes} if self.passes is not None else {}),
+                **({"llama_answer": self.llama_answer.to_dict()} if self.llama_answer is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CandidatePrediction":
         return cls(Candidate.from_dict(d["candidate"]), d["version"], d["kernel"], d["depth"], tuple(d["tau"]),
-                   tuple(d["h"]), PositionalAnswer.from_dict(d["answer"]), d["settings"], d.get("passes"))
+                   tuple(d["h"]), PositionalAnswer.from_dict(d["answer"]), d["settings"], d.get("passes"),
+                   PositionalAnswer.from_dict(d["llama_answer"]) if d.get("llama_answer") else None)
 
 
 def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, version: str = "calibrated",
@@ -188,20 +199,33 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
     `bench.target_passes`) the rounds are priced with those instead of τ̂: V̂(k) from
     `positional.steady_round_times`, a round that proposed nothing a plain step; τ̂ stays in the record.
     The band uses the prediction's δ (none when δ >= 1: the bounds are vacuous) and, where the calibration
-    kept each prompt's counts, spans the bootstrap over its prompts (`positional.answer`)."""
-    kmax = calibration.kmax
-    got = prediction_tau(prediction, kmax=kmax, version=version, kernel=kernel, depth=depth)
-    acceptance = calibration.measured.acceptance
-    own = expected_draft_cost(calibration.cost, acceptance.alpha[:kmax])
-    full = [float(x) + (o if overhead else 0.0) for x, o in zip(own, got.overhead)]
-    h = [float(x) for x in expected_pass_times(full, acceptance.draft_share)]  # a round pays for what it proposed
+    kept each prompt's counts, spans the bootstrap over its prompts (`positional.answer`).
+    With `overhead`, llama.cpp's line is priced as its own loop runs a round (`llama_answer`): the pass
+    and the draft's cost, without moespec's engine time, which its compiled loop does not spend."""
+    got = prediction_tau(prediction, kmax=calibration.kmax, version=version, kernel=kernel, depth=depth)
+    alpha = calibration.measured.acceptance.alpha[: calibration.kmax]
+    own = [float(x) for x in expected_draft_cost(calibration.cost, alpha)]
+    engine = [x + o for x, o in zip(own, got.overhead)] if overhead else own
+    h, ans = priced_answer(got, calibration, engine, passes)
+    llama = priced_answer(got, calibration, own, passes)[1] if overhead else None
+    return CandidatePrediction(calibration.candidate, got.version, kernel, got.depth, tuple(got.tau), tuple(h), ans,
+                               candidate_settings(calibration.candidate, ans, llama),
+                               None if passes is None else passes.to_dict(), llama)
+
+
+def priced_answer(got: PredictedPasses, calibration: CandidateCalibration, extra: Sequence[float],
+                  passes: TargetPasses | None) -> tuple[list, PositionalAnswer]:
+    """(ĥ, the answer) with extra[k] the time a round at k that proposed k tokens adds to its pass
+    (`predict_candidate`): ĥ(k) weighted by the shares of the rounds' proposal lengths."""
+    kmax, acceptance = calibration.kmax, calibration.measured.acceptance
+    h = [float(x) for x in expected_pass_times(extra, acceptance.draft_share)]  # a round pays for what it proposed
     if passes is None:
         step_times = draft_step_times([float(t) for t in expected_pass_times(got.tau, acceptance.draft_share)], h)
     else:
         if passes.kmax < kmax:
             raise ValueError(f"the target's passes were timed to n = {passes.kmax + 1}, and k = {kmax} drafts need "
                              f"n = {kmax + 1}; time them again with kmax >= {kmax}")
-        step_times = steady_round_times(passes.warm[: kmax + 1], passes.cold[: kmax + 1], passes.plain, full,
+        step_times = steady_round_times(passes.warm[: kmax + 1], passes.cold[: kmax + 1], passes.plain, extra,
                                         acceptance.draft_share)
     ans = answer(step_times, acceptance, delta=got.delta if got.delta < 1 else 0,
                  prompts=calibration.measured.by_prompt)
@@ -211,9 +235,24 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
     if calibration.confidence is not None and ans.k_star:  # the floor read through the draft's calibration
         p_min = calibrated_p_min(*calibration.confidence, float(ans.p_min))
         ans = ans if p_min is None else replace(ans, p_min=p_min)
-    return CandidatePrediction(calibration.candidate, got.version, kernel, got.depth, tuple(got.tau), tuple(h), ans,
-                               candidate_settings(calibration.candidate, ans),
-                               None if passes is None else passes.to_dict())
+    return h, ans
+
+
+def lookup_lines(predictions: Sequence[CandidatePrediction]) -> list[CandidatePrediction]:
+    """The predictions with each prompt-lookup candidate's llama.cpp line replaced by that of an ngram-mod
+    candidate of the same n (llama-server's lookup, a rule of its own: moespec's lookup does not price
+    it), marked `priced_by` that candidate's name; the others unchanged."""
+    mods = {p.candidate.n: p for p in predictions if p.candidate.kind == NGRAM_MOD}
+    out = []
+    for p in predictions:
+        twin = mods.get(p.candidate.n) if p.candidate.kind == LOOKUP else None
+        if twin is not None:
+            line = twin.settings["llama.cpp"]
+            said = f"llama.cpp runs lookup as ngram-mod: the line of {twin.name!r}, its rule measured"
+            line = {**line, "priced_by": twin.name, "note": f"{said}; {line['note']}", "why": said}
+            p = replace(p, settings={**p.settings, "llama.cpp": line})
+        out.append(p)
+    return out
 
 
 @dataclass(frozen=True)

@@ -85,11 +85,12 @@ def candidate_figures(prediction: Mapping, times: Sequence[SettingTimes], defaul
     sweep = [by_name[PLAIN]] + [t for t in times if t.setting.name.startswith("n-max ")]
     best = max(sweep, key=lambda t: t.tokens_per_s)  # max keeps the first (shortest) of equals
     emitted, default = by_name[EMITTED].tokens_per_s, by_name[DEFAULTS].tokens_per_s
-    pays = int(prediction["answer"]["k_star"]) > 0
+    k_llama = int((prediction.get("llama_answer") or prediction["answer"])["k_star"])  # its line's draft length
+    pays = k_llama > 0
     drafter = drafter_args(prediction["candidate"])[0]
     return {
         "name": prediction["name"], "candidate": dict(prediction["candidate"]), "drafter": drafter,
-        "skipped": None, "predicted_k": int(prediction["answer"]["k_star"]), "answer_pays": pays,
+        "skipped": None, "predicted_k": k_llama, "answer_pays": pays,
         "emitted_n_max": by_name[EMITTED].setting.n_max, "defaults_values": dict(defaults[drafter]),
         "plain_tokens_per_s": plain, "emitted_tokens_per_s": emitted, "defaults_tokens_per_s": default,
         "best_n_max": best.setting.n_max, "best_tokens_per_s": best.tokens_per_s,
@@ -109,6 +110,9 @@ def check_candidates(predictions: Sequence[Mapping], *, binary: Path, target: st
     out = []
     for pred in predictions:
         candidate, why = runnable(pred["candidate"])
+        twin = pred["settings"]["llama.cpp"].get("priced_by")
+        if twin is not None:
+            candidate, why = None, f"llama.cpp runs its line, that of {twin!r}: checked there"
         if candidate is None:
             out.append({"name": pred["name"], "candidate": dict(pred["candidate"]), "skipped": why})
             continue

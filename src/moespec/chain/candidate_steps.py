@@ -187,7 +187,7 @@ def answer_step(*, prediction: Path, calibrations: Sequence[Path], kernel: str, 
     prediction, each candidate's k̂*(B) and vLLM's per-batch-size line (`chain.candidate_batch`; a
     draft model's from its h_B(k) in `batch_costs`, one path or None per candidate)."""
     from moespec.bench.target_passes import TargetPasses
-    from moespec.chain.candidate_answer import answer_for, predict_candidate
+    from moespec.chain.candidate_answer import answer_for, lookup_lines, predict_candidate
     from moespec.chain.candidates import CandidateCalibration
 
     doc = artifacts.load(prediction, run_files.KINDS[run_files.PREDICTION])
@@ -195,7 +195,7 @@ def answer_step(*, prediction: Path, calibrations: Sequence[Path], kernel: str, 
             for c in calibrations]
     timed = None if passes is None else \
         TargetPasses.from_dict(artifacts.load(passes, run_files.KINDS[run_files.PASSES])["payload"])
-    preds = [predict_candidate(doc, cal, kernel=kernel, passes=timed) for cal in cals]
+    preds = lookup_lines([predict_candidate(doc, cal, kernel=kernel, passes=timed) for cal in cals])
     got = {"candidates": [p.to_dict() for p in preds], "answer": answer_for(preds).to_dict()}
     if batch_prediction is not None and batch_prediction.exists():
         got["batch"] = batch_answer(batch_prediction, cals, batch_costs)

@@ -237,7 +237,9 @@ def user_candidates(*, drafts: Sequence[str] = (), prompt_lookup: int | None = N
                     target_gguf: str | None = None) -> tuple[dict, ...]:
     """The candidates `moespec demo` names (`Candidate.to_dict()` each), checked before anything is
     timed: a draft of a GGUF target must be a GGUF file llama.cpp would pair with it (the vocabulary
-    rule, `bench.candidate.check_vocabulary`); the same candidate twice is refused."""
+    rule, `bench.candidate.check_vocabulary`); the same candidate twice is refused. Prompt lookup of a
+    GGUF target brings ngram-mod of the same n beside it (unless named): llama-server runs lookup as
+    that rule, whose acceptance is its own, so its line is priced on it (`candidate_answer.lookup_lines`)."""
     found = [Candidate(DRAFT, draft=str(d)) for d in drafts]
     if target_gguf is not None:
         for c in found:
@@ -245,6 +247,9 @@ def user_candidates(*, drafts: Sequence[str] = (), prompt_lookup: int | None = N
     if prompt_lookup is not None:
         found.append(Candidate(LOOKUP, n=int(prompt_lookup)))
     found += [parse_ngram(t) for t in ngrams]
+    twin = Candidate(NGRAM_MOD, n=int(prompt_lookup)) if prompt_lookup is not None else None
+    if target_gguf is not None and twin is not None and not any(c.kind == NGRAM_MOD and c.n == twin.n for c in found):
+        found.append(twin)
     names = [c.name for c in found]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:

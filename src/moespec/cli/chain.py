@@ -201,7 +201,9 @@ def demo_command(
                                           help="llama.cpp's threads (default: all cores)"),
     draft: Optional[list[str]] = typer.Option(None, "--draft", help=_DRAFT_HELP),
     prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", callback=interval(1),
-                                                help="price moespec's prompt lookup with n-grams of this size"),
+                                                help="price moespec's prompt lookup with n-grams of this size "
+                                                "(a .gguf model: llama.cpp's ngram-mod of this n-match beside it, "
+                                                "the rule llama-server runs as lookup)"),
     ngram: Optional[list[str]] = typer.Option(None, "--ngram", help=_NGRAM_HELP),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help=_PROMPTS_HELP),
     temperature: float = typer.Option(0.0, "--temperature", callback=interval(0.0), help="sampling of your drafts"),

@@ -20,9 +20,10 @@ GOAL_BEST, GOAL_DEFAULTS, GOAL_PLAIN = 0.97, 1.1, 1.0  # llama.cpp at the emitte
 
 
 def engine_lines(settings: dict) -> list[str]:
-    """One line per engine: the flags to paste."""
+    """One line per engine: the flags to paste (and why, where a line is priced otherwise than the answer)."""
     names = {"llama.cpp": "llama-server", "vllm": "vLLM", "sglang": "SGLang"}
-    return [f"  {names.get(e, e)}: {s['fragment']}" for e, s in settings.items()]
+    return [f"  {names.get(e, e)}: {s['fragment']}" + (f" ({s['why']})" if s.get("why") else "")
+            for e, s in settings.items()]
 
 
 def answer_lines(candidates: dict[str, Any], prompts: dict[str, Any] | None = None) -> list[str]:
