@@ -227,6 +227,11 @@ def test_engine_overhead_adds_to_the_draft_cost():
     assert CandidatePrediction.from_dict(p.to_dict()).llama_answer == p.llama_answer
     alone = predict_candidate(payload([1, 1.25, 1.5, 1.75], h=[0, 0.25, 0.5, 0.75]), cal, overhead=False)
     assert alone.answer.k_star == 1 and alone.llama_answer is None
+    # the answer: "decode plainly" in moespec's engine, and llama.cpp's own best beside it
+    said = answer_for([p])
+    assert said.best is None and said.llama["name"] == "ngram-mod n=16 n-min=1" and said.llama["k_star"] == 1
+    assert said.llama["speedup"] == pytest.approx(6 / 5) and said.llama["line"] == p.settings["llama.cpp"]
+    assert answer_for([alone]).llama is None  # the two agree: nothing more to say
     with pytest.raises(ValueError, match="h\\(k\\) stops at k = 2"):
         predict_candidate(payload([1, 1.25, 1.5, 1.75], h=[0, 0.25, 0.5]), cal)
 

@@ -23,6 +23,18 @@ def test_the_band_reads_from_a_stored_answer_bounded_or_not():
     assert "1.50x plain decoding (no band: the prediction's step-time error bound is vacuous)" in unbounded
 
 
+def test_llama_cpps_own_best_is_said_where_it_differs():
+    plainly = stored(1.9)
+    plainly["answer"].update(best=None, best_drafting=0.96, llama={
+        "name": "ngram-mod n=3 n-min=1", "k_star": 3, "speedup": 1.03, "line": {"fragment": "--spec-type ngram-mod"}})
+    lines = answer_lines(plainly)
+    assert lines[0].endswith("decode plainly. No candidate pays on this machine: the best drafting any of them "
+                             "predicts is 0.96x plain decoding.")
+    assert "the best is ngram-mod n=3 n-min=1 at n-max 3, 1.03x plain decoding:" in lines[1]
+    assert lines[2] == "  llama-server: --spec-type ngram-mod" and len(lines) == 3
+    assert len(answer_lines(stored(1.9))) == 2  # no llama entry: the answer and its one line
+
+
 def test_the_batch_lines_of_a_draft_model_timed_at_B_and_of_one_that_was_not():
     timed = {"version": "prediction", "max_k": 2, "vllm": {"speculate": True, "fragment": "--speculative-config X"},
              "B": {"1": {"k_star": 2, "speedup": 1.228, "step_times": [1, 1.25, 1.425], "h": [0, 0.15e-3, 0.225e-3]},

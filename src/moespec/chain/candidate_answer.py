@@ -267,6 +267,7 @@ class CandidatesAnswer:
     best_drafting: float
     settings: dict
     candidates: tuple[str, ...]
+    llama: dict | None = None  # llama.cpp's own best where it differs from the above (`llama_pick`)
 
     @property
     def verdict(self) -> str:
@@ -282,11 +283,12 @@ class CandidatesAnswer:
     def to_dict(self) -> dict:
         return {"best": self.best, "k_star": self.k_star, "speedup": self.speedup,
                 "best_drafting": self.best_drafting, "settings": self.settings, "candidates": list(self.candidates),
-                "verdict": self.verdict, "message": self.message}
+                "verdict": self.verdict, "message": self.message, "llama": self.llama}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "CandidatesAnswer":
-        return cls(d["best"], d["k_star"], d["speedup"], d["best_drafting"], d["settings"], tuple(d["candidates"]))
+        return cls(d["best"], d["k_star"], d["speedup"], d["best_drafting"], d["settings"], tuple(d["candidates"]),
+                   d.get("llama"))
 
 
 def answer_for(predictions: Sequence[CandidatePrediction]) -> CandidatesAnswer:
@@ -297,7 +299,23 @@ def answer_for(predictions: Sequence[CandidatePrediction]) -> CandidatesAnswer:
     drafting = max((p.speedup_at(k) for p in predictions for k in range(max(1, p.candidate.min_k),
                                                                          len(p.tau))), default=0.0)
     paying = [p for p in predictions if p.answer.k_star > 0]
-    if not paying:
-        return CandidatesAnswer(None, 0, 1.0, drafting, {}, names)
-    best = max(paying, key=lambda p: float(p.answer.speedup))  # max keeps the first of equals
-    return CandidatesAnswer(best.name, best.answer.k_star, float(best.answer.speedup), drafting, best.settings, names)
+    best = max(paying, key=lambda p: float(p.answer.speedup), default=None)  # max keeps the first of equals
+    llama = llama_pick(predictions, best)
+    if best is None:
+        return CandidatesAnswer(None, 0, 1.0, drafting, {}, names, llama)
+    return CandidatesAnswer(best.name, best.answer.k_star, float(best.answer.speedup), drafting, best.settings, names,
+                            llama)
+
+
+def llama_pick(predictions: Sequence[CandidatePrediction], best: CandidatePrediction | None) -> dict | None:
+    """llama.cpp's own best, its rounds priced on its loop (`llama_answer`), where it differs from `best`
+    (another candidate, or drafting where moespec's engine decodes plainly): {name, k_star, speedup, line};
+    None where the two agree or none pays on llama.cpp."""
+    def own(p):
+        return p.llama_answer or p.answer
+    paying = [p for p in predictions if own(p).k_star > 0 and "priced_by" not in p.settings["llama.cpp"]]
+    pick = max(paying, key=lambda p: float(own(p).speedup), default=None)
+    if pick is None or (best is not None and pick.name == best.name):
+        return None
+    return {"name": pick.name, "k_star": own(pick).k_star, "speedup": float(own(pick).speedup),
+            "line": pick.settings["llama.cpp"]}

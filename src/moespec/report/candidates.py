@@ -34,16 +34,26 @@ def answer_lines(candidates: dict[str, Any], prompts: dict[str, Any] | None = No
         where = (f" on {'your prompts' if prompts['source'] != 'shipped' else 'the shipped prompts'} "
                  f"({len(prompts['calibration'])} calibrate, {len(prompts['heldout'])} held out)")
     names = ", ".join(ans["candidates"])
+    mine = llama_best_lines(ans.get("llama"))
     if ans["best"] is None:
         return [f"Your drafts ({names}){where}: decode plainly. No candidate pays on this machine: the best "
-                f"drafting any of them predicts is {ans['best_drafting']:.2f}x plain decoding."]
+                f"drafting any of them predicts is {ans['best_drafting']:.2f}x plain decoding.", *mine]
     best = next(c for c in candidates["candidates"] if c["name"] == ans["best"])
     a = best["answer"]
     high = a["speedup_high"]  # None in JSON where the band is unbounded (δ >= 1: the bounds are vacuous)
     band = f" (band {a['speedup_low']:.2f}x to {high:.2f}x)" if high is not None and high != float("inf") else \
         " (no band: the prediction's step-time error bound is vacuous)"
     return [f"Your drafts ({names}){where}: the best is {ans['best']}, at draft length k = {ans['k_star']}, "
-            f"{ans['speedup']:.2f}x plain decoding{band}. Its settings:", *engine_lines(ans["settings"])]
+            f"{ans['speedup']:.2f}x plain decoding{band}. Its settings:", *engine_lines(ans["settings"]), *mine]
+
+
+def llama_best_lines(llama: dict | None) -> list[str]:
+    """llama.cpp's own best where it differs from the answer's (`candidate_answer.llama_pick`)."""
+    if not llama:
+        return []
+    return [f"On llama.cpp, whose loop spends next to nothing beyond the pass, the best is {llama['name']} at "
+            f"n-max {llama['k_star']}, {llama['speedup']:.2f}x plain decoding:",
+            f"  llama-server: {llama['line']['fragment']}"]
 
 
 def batch_lines(candidates: dict[str, Any]) -> list[str]:
