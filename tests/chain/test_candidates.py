@@ -11,7 +11,14 @@ import moespec.engine.decode as decode
 from moespec.backends.table_model import TableLM
 from moespec.bench.candidate import CandidateAcceptance, DraftCost
 from moespec.chain.candidate_answer import CandidatePrediction, answer_for, lookup_lines, predict_candidate
-from moespec.chain.candidate_check import HeldoutCheck, CandidatesScore, check_heldout, score_candidates
+from moespec.chain.candidate_check import (
+    MAX_CHECK_REPS,
+    CandidatesScore,
+    HeldoutCheck,
+    check_heldout,
+    check_reps,
+    score_candidates,
+)
 from moespec.chain.candidates import Candidate, CandidateCalibration, calibrate, user_candidates
 from moespec.costmodel.positional import PositionalAcceptance
 from moespec.engine.ngram import NgramMod, NgramSimple
@@ -303,6 +310,15 @@ def test_check_heldout_on_a_fake_clock(monkeypatch):
     # the budget's last one: 7; k=2: 4 of 3 and 1: 5; k=3: 3 of 4 and 1: 4
     assert check.rounds == (26, 14, 10, 8) and check.tokens_per_round == (1, 26 / 14, 2.6, 3.25)
     assert HeldoutCheck.from_dict(check.to_dict()) == check
+    # plain decoding of the two prompts lasts 30 s a repetition: 100 s in all asks for 4 repetitions
+    longer = check_heldout(target, None, Candidate("oracle", acceptance=1.0), [[1, 2, 3, 4, 5], [7, 8, 9]], kmax=3,
+                           new_tokens=13, reps=2, min_seconds=100)
+    assert longer.reps == 4 and longer.seconds == check.seconds
+
+
+def test_check_reps_stretch_a_fast_models_check():
+    assert check_reps(3, 0.2, 2.0) == 10 and check_reps(3, 0.01, 2.0) == MAX_CHECK_REPS == 15
+    assert check_reps(3, 5.0, 2.0) == 3 and check_reps(3, 0.2, 0.0) == 3 and check_reps(3, 0.0, 2.0) == 3
 
 
 def test_score_by_hand():

@@ -10,6 +10,8 @@ PrefilledTarget`) so a run's time is its decoding; that time is the engine's own
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -92,11 +94,25 @@ class HeldoutCheck:
                    d["reps"], d["new_tokens"], tuple(d.get("rounds", ())))
 
 
+MAX_CHECK_REPS = 15  # the most repetitions `check_reps` asks for
+
+
+def check_reps(reps: int, plain_s: float, min_seconds: float) -> int:
+    """Repetitions of the check: `reps`, or as many as make plain decoding of the prompts (plain_s seconds
+    a repetition) last min_seconds in all, at most MAX_CHECK_REPS. A fast model's 48 tokens last tens of
+    milliseconds a prompt, and three repetitions of those moved the measured best k between runs."""
+    if min_seconds <= 0 or plain_s <= 0:
+        return reps
+    return max(reps, min(MAX_CHECK_REPS, math.ceil(min_seconds / plain_s)))
+
+
 def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, prompts: Sequence, *, kmax: int,
                   new_tokens: int, reps: int = 3, seed: int = 0, warmup: int = 1, temperature: float = 0.0,
-                  top_p: float | None = None, load: Callable[[str], tuple] | None = None) -> HeldoutCheck:
+                  top_p: float | None = None, load: Callable[[str], tuple] | None = None,
+                  min_seconds: float = 0.0) -> HeldoutCheck:
     """Measured tokens/s of the candidate at k = 0..kmax on the held-out `prompts` (ids, texts or chats),
-    greedy unless `temperature` (and `top_p`) sample as the calibration did.
+    greedy unless `temperature` (and `top_p`) sample as the calibration did. At least `reps` repetitions,
+    more where plain decoding of the prompts would last less than `min_seconds` in all (`check_reps`).
 
     Every (rep, k) pass runs all prompts with one fresh proposer (a fresh n-gram pool, as a server
     starts); k runs ascending in even reps and descending in odd ones, so that drift on a shared
@@ -125,13 +141,17 @@ def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, pro
     samples = [[[] for _ in ids] for _ in range(kmax + 1)]  # [k][prompt] -> seconds per rep
     tokens = [[0] * len(ids) for _ in range(kmax + 1)]
     rounds = [[0] * len(ids) for _ in range(kmax + 1)]
-    for rep in range(reps):
+    rep = 0
+    while rep < reps:
         for k in (range(kmax + 1) if rep % 2 == 0 else range(kmax, -1, -1)):
             proposer = untimed_prefill(loaded.proposer(k)) if k else None
             for i in range(len(ids)):
                 stats = run(i, k, proposer)
                 samples[k][i].append(stats.total_s)
                 tokens[k][i], rounds[k][i] = stats.new_tokens, stats.rounds
+        if rep == 0:
+            reps = check_reps(reps, sum(s[0] for s in samples[0]), min_seconds)
+        rep += 1
     seconds = tuple(sum(Timing(tuple(s)).median for s in by_prompt) for by_prompt in samples)
     return HeldoutCheck(loaded.candidate, tuple(sum(t) for t in tokens), seconds, len(ids), reps, new_tokens,
                         tuple(sum(r) for r in rounds))

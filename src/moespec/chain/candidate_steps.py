@@ -147,7 +147,8 @@ def check_step(model, tokenizer, *, candidate: dict, prompts: Path, knobs: dict,
     with opened(candidate, prompts, tokenizer=tokenizer, **where) as (loaded, halves):
         check = check_heldout(model, tokenizer, loaded, halves["heldout"], kmax=knobs["kmax"],
                               new_tokens=knobs["new_tokens"], reps=knobs["check_reps"], seed=knobs["seed"],
-                              temperature=knobs["temperature"], top_p=knobs["top_p"])
+                              temperature=knobs["temperature"], top_p=knobs["top_p"],
+                              min_seconds=knobs.get("check_seconds", 0.0))
     artifacts.write(path, run_files.CHECK_KIND, {**check.to_dict(), "settings": dict(knobs)})
 
 

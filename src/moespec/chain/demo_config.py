@@ -19,9 +19,10 @@ SMOKE_FLUSH_BYTES = 16 << 20
 SMOKE_BATCH_CHARACTERIZE = dict(n=(1, 2, 3), layers=(0,), reps=3, u_points=2, windows=2, flush_bytes=SMOKE_FLUSH_BYTES)
 # new tokens per prompt, the shipped prompts' length (None: the chain's depth, so that the candidates
 # decode where the verify passes were timed), sampling (greedy by default), draw seed, timings of h(k)
-# per k, and held-out repetitions per k (`chain.candidate_steps`)
+# per k, held-out repetitions per k, and the seconds plain decoding of the held-out prompts lasts at
+# least over them (more repetitions on a fast model: `chain.candidate_check.check_reps`)
 CANDIDATE_KNOBS = dict(new_tokens=48, prompt_tokens=None, temperature=0.0, top_p=None, seed=0, cost_reps=20,
-                       check_reps=3)
+                       check_reps=3, check_seconds=2.0)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ class DemoConfig:
                                  flush=False),
                     batch=dict(sizes=(1, 2), max_k=2, acceptances=(0.5, 0.9), prompt_tokens=16, new_tokens=8, reps=1,
                                trace_tokens=512, characterize=SMOKE_BATCH_CHARACTERIZE),
-                    candidate=dict(CANDIDATE_KNOBS, new_tokens=8, prompt_tokens=24, cost_reps=3, check_reps=1),
+                    candidate=dict(CANDIDATE_KNOBS, new_tokens=8, prompt_tokens=24, cost_reps=3, check_reps=1,
+                                   check_seconds=0.0),
                     dense_reps=3)
         return cls(**{**tiny, **overrides})
 
