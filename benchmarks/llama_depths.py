@@ -9,12 +9,19 @@ depth and version, k̂* within one, the throughput lost at k̂* with its floor, 
 and the wall time of the chain. Run it on a quiet machine:
 
     python benchmarks/llama_depths.py --out benchmarks/results/llama_depths.json [--model FILE.gguf]
+
+At real size (issue 51: each shape at d = 4096 beside its d = 512 chain) one depth, no batch steps,
+resumable, the corpus trace copied from the file's d = 512 run folder (it does not depend on depth):
+
+    python benchmarks/llama_depths.py --model FILE.gguf --depths 4096 --no-batch --resume \
+        --run-dir DIR --trace-from D512_DIR --out OUT.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,15 +43,24 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=WORK / "trained-olmoe-q8_0.gguf")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--run-dir", type=Path, default=WORK / "demo-depths")
+    parser.add_argument("--depths", type=int, nargs="+", default=list(DEPTHS))
+    parser.add_argument("--no-batch", action="store_true", help="stop after the score (no chain at batch size B)")
+    parser.add_argument("--resume", action="store_true", help="reuse the run folder's finished steps")
+    parser.add_argument("--trace-from", type=Path, help="a run folder of the same file whose corpus trace to reuse")
     args = parser.parse_args()
     if not args.model.exists():
         raise SystemExit(f"{args.model} is missing: `python benchmarks/candidates.py --pairs trained` exports it")
     base = DemoConfig()
     config = DemoConfig(model=str(args.model), backend="llama.cpp", threads=args.threads,
-                        measure={**base.measure, "depths": DEPTHS})
+                        measure={**base.measure, "depths": tuple(args.depths)},
+                        batch={**base.batch, "sizes": ()} if args.no_batch else base.batch)
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    if args.trace_from and not (args.run_dir / "traces.parquet").exists():
+        shutil.copy2(args.trace_from / "traces.parquet", args.run_dir / "traces.parquet")
     t0 = time.perf_counter()
-    run_demo(args.run_dir, config=config, progress=False, restart=True)
+    result = run_demo(args.run_dir, config=config, progress=False, restart=not args.resume)
     wall = time.perf_counter() - t0
+    memory = artifacts.load(args.run_dir / "memory.json", "memory")["payload"]["steps"]
     score = artifacts.load(args.run_dir / "score.json", "score")["payload"]
     rows = []
     for depth in score["depths"]:
@@ -54,14 +70,18 @@ def main() -> None:
                          "acceptances": len(s["acceptance"]), "loss": g["loss"][0], "loss_floor": s.get("loss_floor"),
                          "tau_error": g["tau"][0]})
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": str(args.model), "threads": args.threads, "depths": DEPTHS,
-                                    "wall_s": wall, "rows": rows}, indent=1))
+    args.out.write_text(json.dumps({"model": str(args.model), "threads": args.threads, "depths": args.depths,
+                                    "wall_s": wall, "ran": result.ran, "seconds": result.seconds,
+                                    "memory": memory, "rows": rows}, indent=1))
     print(f"{'d':>5s} {'version':14s} {'within one':>10s} {'lost [floor]':>16s} {'verify-time error':>18s}")
     for r in rows:
         floor = r["loss_floor"]
         print(f"{r['depth']:5d} {r['version']:14s} {r['k_within_one']:>5d}/{r['acceptances']:<4d} "
               f"{r['loss']:8.1%} [{floor if floor is None else f'{floor:.1%}'}] {r['tau_error']:17.1%}")
-    print(f"wall {wall / 60:.1f} min; wrote {args.out}")
+    steps = ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items())
+    peak = max((m["anon_bytes"] + m["file_bytes"] for m in memory.values()), default=0)
+    print(f"wall {wall / 60:.1f} min (this run's steps: {steps}); largest step peak {peak / 1e9:.2f} GB; "
+          f"wrote {args.out}")
 
 
 if __name__ == "__main__":

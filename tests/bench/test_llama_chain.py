@@ -224,6 +224,23 @@ def test_the_llama_chain_ends_with_the_schedule_at_batch_size_b(chains):
     assert "at batch size B (prediction)" in (folder / "summary.txt").read_text()
 
 
+def test_a_chain_given_no_batch_sizes_stops_after_the_score(chains, tmp_path):
+    """`batch=dict(sizes=())` (the real-size depth benchmark's --no-batch): the finished folder without
+    its batch artifacts is resumed with nothing to run, and neither the steps nor the summary's line at
+    batch size B come back."""
+    import shutil
+
+    out, _, _ = chains
+    folder = tmp_path / "no-batch"
+    shutil.copytree(out / "llama.cpp", folder, ignore=shutil.ignore_patterns("batch-*", "schedule.png"))
+    config = DemoConfig.smoke(model="trained:olmoe", backend="llama.cpp", threads=1, batch=dict(sizes=()))
+    assert not config.batched and DemoConfig.smoke(backend="llama.cpp").batched
+    result = run_demo(folder, config=config, progress=False, echo=lambda _: None)
+    assert result.ran == ()
+    assert not list(folder.glob("batch-*"))
+    assert "at batch size B" not in (folder / "summary.txt").read_text()
+
+
 def test_measure_refuses_the_per_slot_kernel_on_llama_cpp(tmp_path, gguf_files):
     from moespec.bench.measure import measure
 

@@ -249,7 +249,7 @@ def _steps(config: DemoConfig, target: Target, runner: Runner, progress: bool) -
     else:
         runner.run(llama_steps(config, target, out, progress) if config.llama else torch_steps(config, out, progress))
         runner.run(measure_steps(config, target, out, progress, echo))
-    if config.llama and not target.dense:  # the chain at batch size B (report: Figure 7, the schedule)
+    if config.batched and not target.dense:  # the chain at batch size B (report: Figure 7, the schedule)
         from moespec.chain.batch_chain import BatchKnobs, batch_steps
 
         knobs = BatchKnobs(**{**config.batch, "threads": config.threads})
@@ -260,7 +260,7 @@ def _steps(config: DemoConfig, target: Target, runner: Runner, progress: bool) -
         runner.run(candidate_steps(out, config.candidates, config.candidate_knobs(), source=config.prompts,
                                    target_file=str(target.gguf) if target.gguf else None,
                                    threads=config.threads, context=llama_context(config) if config.llama else None,
-                                   llama=config.llama, batch=config.llama and not target.dense, echo=echo,
+                                   llama=config.llama, batch=config.batched and not target.dense, echo=echo,
                                    llama_check=config.llama_check))
 
 

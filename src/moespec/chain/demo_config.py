@@ -53,7 +53,8 @@ class DemoConfig:
     backend: str = "torch"
     gguf_type: str = "q8_0"
     threads: int | None = None
-    # on llama.cpp, the chain at batch size B after B = 1's (`chain.batch_chain.BatchKnobs`; torch stays at B = 1)
+    # on llama.cpp, the chain at batch size B after B = 1's (`chain.batch_chain.BatchKnobs`; torch stays at
+    # B = 1); sizes=() runs none of it
     batch: dict = field(default_factory=lambda: dict(sizes=(1, 2, 4), max_k=3, acceptances=(0.5, 0.7, 0.9, 0.95),
                                                      prompt_tokens=64, new_tokens=32, reps=2, trace_tokens=4096))
     # the user's candidate drafts (`Candidate.to_dict()` each; `chain.candidate_steps`), the prompts
@@ -75,6 +76,11 @@ class DemoConfig:
     @property
     def llama(self) -> bool:
         return self.backend == "llama.cpp"
+
+    @property
+    def batched(self) -> bool:
+        """Whether the chain at batch size B runs (on llama.cpp, unless `batch` names no sizes)."""
+        return self.llama and bool(self.batch.get("sizes", True))
 
     def measure_knobs(self) -> dict[str, Any]:
         """`measure` as the measure step takes it: on llama.cpp one kernel, llama.cpp's grouped mul_mat_id,
