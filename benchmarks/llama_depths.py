@@ -50,6 +50,11 @@ def main() -> None:
     args = parser.parse_args()
     if not args.model.exists():
         raise SystemExit(f"{args.model} is missing: `python benchmarks/candidates.py --pairs trained` exports it")
+    if min(args.depths) < 1:
+        raise SystemExit(f"--depths {args.depths}: give positive context depths, e.g. --depths 4096")
+    if args.trace_from and not (args.trace_from / "traces.parquet").exists():
+        raise SystemExit(f"--trace-from {args.trace_from} holds no traces.parquet: give the run folder of a "
+                         f"finished `moespec demo` on {args.model.name}, or leave it out to trace afresh")
     base = DemoConfig()
     config = DemoConfig(model=str(args.model), backend="llama.cpp", threads=args.threads,
                         measure={**base.measure, "depths": tuple(args.depths)},
