@@ -16,7 +16,7 @@ def test_each_prompt_is_prefilled_on_an_empty_cache(gguf_files):
     assert model.tokens == list(prompts.ids[0][:-1])
     second = prompts.target(1)
     assert model.tokens == list(prompts.ids[1][:-1]) and second.length == 0
-    second.extend(second.prompt)  # served from the kept rows: the cache is left as it is
+    second.extend(second.prompt, outputs=1)  # served from the kept row: the cache is left as it is
     assert model.tokens == list(prompts.ids[1][:-1]) and first is not second
 
 

@@ -56,6 +56,35 @@ def test_a_target_that_holds_more_text_decodes_as_one_prefilled_with_it(tiny):
     assert a.tokens == b.tokens
 
 
+def test_a_target_that_keeps_its_last_rows_serves_them_alone_and_refuses_the_rest(tiny, monkeypatch):
+    # 600 tokens: two prefill chunks; keep=3 holds the last three rows of the 600, the rows a full
+    # target holds there, and a run's prefill reads its one row without copying the other 599
+    model, _ = tiny
+    prompt = torch.arange(3, 603) % 97 + 3
+    full, kept = PrefilledTarget(model, prompt), PrefilledTarget(model, prompt, keep=3)
+    assert kept.logits.shape[0] == 3 and kept.first_row == 597
+    assert torch.allclose(kept.logits, full.logits[-3:], atol=1e-4)
+    copied = []
+    real_cat = torch.cat
+    monkeypatch.setattr(torch, "cat", lambda parts, *a, **kw: copied.append(sum(p.shape[0] for p in parts))
+                        or real_cat(parts, *a, **kw))
+    row = kept.extend(prompt[:-1], outputs=1)
+    monkeypatch.undo()
+    assert copied == [1] and torch.allclose(row, full.logits[-2:-1], atol=1e-4)
+    kept.reset()
+    with pytest.raises(ValueError, match="position 595 were not kept"):
+        kept.extend(prompt[:596], outputs=1)
+    kept.reset()
+    full.reset()
+    a = generate(kept, list(prompt) + [7], k=0, max_new_tokens=5, prefill_last=False)
+    b = generate(full, list(prompt) + [7], k=0, max_new_tokens=5, prefill_last=False)
+    assert a.tokens == b.tokens
+    kept.hold(torch.tensor([7, 8]))
+    assert kept.prompt.shape[0] == 602 and kept.logits.shape[0] == 3
+    with pytest.raises(ValueError, match="keep=0"):
+        PrefilledTarget(model, prompt, keep=0)
+
+
 def test_oracle_sweep_invariants_and_resumption(tiny, tmp_path):
     model, tok = tiny
     path = tmp_path / "o.points.jsonl"

@@ -134,7 +134,7 @@ def _prefilled(model, ids: torch.Tensor, depth: int):
     cached = as_spec_model(model)
     cached.reset()  # a llama.cpp model is its own cache: start it empty, as a fresh CachedModel is
     for start in range(0, depth, PREFILL_CHUNK):  # chunks bound the [chunk, V] logits of a subword vocabulary
-        cached.extend(ids[start : min(start + PREFILL_CHUNK, depth)])
+        cached.extend(ids[start : min(start + PREFILL_CHUNK, depth)], outputs=1)  # untimed: one row
     return cached
 
 
@@ -143,7 +143,7 @@ def _window_at(cached, ids: torch.Tensor, base: int, start: int) -> int:
     where the next round's window begins; returns `start`, the cache's length before its passes."""
     cached.truncate(base)
     if cached.length < start:
-        cached.extend(ids[cached.length : start])
+        cached.extend(ids[cached.length : start], outputs=1)
     return start
 
 

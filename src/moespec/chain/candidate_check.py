@@ -131,7 +131,7 @@ def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, pro
     def run(i: int, k: int, proposer):
         if i not in held:
             held.clear()
-            held[i] = PrefilledTarget(target, ids[i])
+            held[i] = PrefilledTarget(target, ids[i], keep=1)
         return generate(held[i], ids[i], draft=proposer, k=k, max_new_tokens=new_tokens, temperature=temperature,
                         top_p=top_p, seed=seed + i, vocab_limit=limit).stats
 
