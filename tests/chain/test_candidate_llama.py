@@ -10,11 +10,11 @@ import pytest
 from moespec import artifacts, run_files
 from moespec.chain.candidate_llama import (
     LLAMA_CHECK_KIND,
-    MAX_RUN_TOKENS,
+    MAX_RUN_REPS,
     MIN_RUN_S,
     context_size,
     llama_check_step,
-    run_tokens,
+    run_reps,
 )
 from moespec.costmodel.settings import llama_cpp_settings
 from moespec.report.candidates import llama_check_lines
@@ -178,10 +178,11 @@ def test_the_demo_adds_the_step_only_when_asked(tmp_path):
     assert (last.args["kmax"], last.args["new_tokens"], last.args["reps"]) == (3, 16, 2)
 
 
-@pytest.mark.parametrize("seconds, want", [(1.0, 20), (0.5, 40), (0.01, MAX_RUN_TOKENS)])
-def test_a_fast_model_decodes_longer_runs(tmp_path, seconds, want):
-    """20 plain tokens in `seconds`: a run gets enough tokens to last MIN_RUN_S (1 s), never fewer than
-    asked, at most MAX_RUN_TOKENS; the probe is one plain run of the first prompt."""
+@pytest.mark.parametrize("seconds, want", [(1.0, 2), (0.25, 4), (0.01, MAX_RUN_REPS)])
+def test_a_fast_model_repeats_its_runs_at_the_asked_length(tmp_path, seconds, want):
+    """20 plain tokens in `seconds`: a setting gets enough runs of 20 tokens to last MIN_RUN_S (1 s) in
+    all, never fewer than the 2 asked, at most MAX_RUN_REPS; the probe is one plain run of the first
+    prompt, at the asked length, as every later run."""
     calls = []
 
     def run(cmd, **kw):
@@ -191,10 +192,11 @@ def test_a_fast_model_decodes_longer_runs(tmp_path, seconds, want):
                + "n_predict = 20\nn_drafted = 0\nn_accept  = 0\n")
         return subprocess.CompletedProcess(cmd, 0, stdout="", stderr=out)
 
-    tokens, rate = run_tokens(tmp_path / "bin", target="t.gguf", prompt="Once", threads=2, new_tokens=20,
-                              context=256, run=run)
-    assert MIN_RUN_S == 1.0 and rate == pytest.approx(20 / seconds) and tokens == want
+    reps, rate = run_reps(tmp_path / "bin", target="t.gguf", prompt="Once", threads=2, new_tokens=20, reps=2,
+                          context=256, run=run)
+    assert MIN_RUN_S == 1.0 and rate == pytest.approx(20 / seconds) and reps == want
     assert len(calls) == 1 and "--spec-ngram-mod-n-max" in calls[0]
+    assert calls[0][calls[0].index("-n") + 1] == "20"
 
 
 def test_each_held_out_prompt_decodes_on_its_own_prefill(gguf_files, monkeypatch):

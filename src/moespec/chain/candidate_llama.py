@@ -35,9 +35,10 @@ from moespec.bench.llama_speculative import SettingTimes, time_settings
 LLAMA_CHECK, LLAMA_CHECK_KIND = run_files.CANDIDATES_LLAMA, run_files.KINDS[run_files.CANDIDATES_LLAMA]
 from moespec.report.candidates import GOAL_BEST, GOAL_DEFAULTS, GOAL_PLAIN
 CONTEXT_MARGIN = 64  # llama.cpp's own tokens (BOS, a chat template's) beyond moespec's count of the prompt
-# each llama.cpp process decodes at least this long: a decode of tens of milliseconds (48 tokens of a small
-# model) moved by 10% and more between runs of one setting (BENCHMARKS.md, "The answer for your own drafts")
-MIN_RUN_S, MAX_RUN_TOKENS = 1.0, 256
+# a setting's repetitions of one prompt last at least MIN_RUN_S in all: a decode of tens of milliseconds
+# (48 tokens of a small model) moved by 10% and more between runs of one setting (BENCHMARKS.md, "The
+# answer for your own drafts"); at most MAX_RUN_REPS of them
+MIN_RUN_S, MAX_RUN_REPS = 1.0, 12
 
 
 def context_size(prompt_ids: Sequence[Sequence[int]], new_tokens: int, kmax: int) -> int:
@@ -46,16 +47,20 @@ def context_size(prompt_ids: Sequence[Sequence[int]], new_tokens: int, kmax: int
     return -(-need // 256) * 256
 
 
-def run_tokens(binary: Path, *, target: str, prompt: str, threads: int | None, new_tokens: int, context: int,
-               run=None) -> tuple[int, float]:
-    """(new tokens per llama.cpp run, plain decoding's tokens/s): new_tokens, or more where plain decoding
-    would decode them in under MIN_RUN_S (at most MAX_RUN_TOKENS), from one plain run of `prompt`."""
+def run_reps(binary: Path, *, target: str, prompt: str, threads: int | None, new_tokens: int, reps: int,
+             context: int, run=None) -> tuple[int, float]:
+    """(repetitions per setting, plain decoding's tokens/s): `reps`, or more where `reps` runs of
+    new_tokens would decode in under MIN_RUN_S (at most MAX_RUN_REPS), from one plain run of `prompt`.
+    Every run decodes new_tokens, the length the answer's acceptance was measured at: an n-gram rule
+    accepts more the further a small model's text runs on (its loops), so longer runs check another
+    workload (SmolLM2's ngram-mod at 4 drafts: 1.45 tokens a round over 48 new tokens on moespec's
+    engine, 1.54 over 144 on llama.cpp's)."""
     extra = {} if run is None else {"run": run}
     probe = time_settings(binary, target=target, prompts=[prompt], settings=[LlamaSetting(PLAIN, PLAIN_ARGS, 0)],
                           threads=threads, new_tokens=new_tokens, reps=1, context=context, **extra)[0]
     rate = probe.tokens_per_s
-    wanted = math.ceil(MIN_RUN_S * rate) if math.isfinite(rate) else new_tokens
-    return max(new_tokens, min(MAX_RUN_TOKENS, wanted)), rate
+    wanted = math.ceil(MIN_RUN_S * rate / new_tokens) if math.isfinite(rate) else reps
+    return max(reps, min(MAX_RUN_REPS, wanted)), rate
 
 
 def runnable(candidate: Mapping) -> tuple[dict | None, str | None]:
@@ -128,8 +133,8 @@ def llama_check_step(*, prompts: Path, candidates: Path, target_file: str | None
                      new_tokens: int, kmax: int, reps: int, path: Path, run=None, binary: Path | None = None,
                      progress: Callable[[str], None] | None = None) -> None:
     """candidates-llama.json: llama.cpp's own speculative decoding of the held-out prompts per candidate
-    (module docstring), each run decoding new_tokens or, on a model fast enough to decode those in under
-    MIN_RUN_S, more (`run_tokens`). run, binary: a stand-in for subprocess.run and the binary (the tests')."""
+    (module docstring), each run decoding new_tokens, `reps` times or, on a model fast enough to decode
+    those in under MIN_RUN_S, more (`run_reps`). run, binary: a stand-in for subprocess.run and the binary (the tests')."""
     from moespec.models.gguf import is_gguf, resolve
     from moespec.models.llama_convert import source_dir
     from moespec.models.llama_tools import build_speculative
@@ -142,15 +147,15 @@ def llama_check_step(*, prompts: Path, candidates: Path, target_file: str | None
     binary = binary or build_speculative()
     defaults = header_defaults(source_dir() / "common" / "common.h")
     target = str(resolve(target_file))
-    tokens, rate = run_tokens(binary, target=target, prompt=halves["heldout_texts"][0], threads=threads,
-                              new_tokens=new_tokens, context=context_size(halves["heldout"], new_tokens, kmax), run=run)
-    context = context_size(halves["heldout"], tokens, kmax)
+    context = context_size(halves["heldout"], new_tokens, kmax)
+    runs, rate = run_reps(binary, target=target, prompt=halves["heldout_texts"][0], threads=threads,
+                          new_tokens=new_tokens, reps=reps, context=context, run=run)
     figures = check_candidates(doc["candidates"], binary=binary, target=target, heldout=halves["heldout_texts"],
-                               defaults=defaults, threads=threads, new_tokens=tokens, kmax=kmax, reps=reps,
+                               defaults=defaults, threads=threads, new_tokens=new_tokens, kmax=kmax, reps=runs,
                                context=context, run=run, progress=progress)
     artifacts.write(path, LLAMA_CHECK_KIND, {
         "binary": str(binary), "llama_cpp_python": importlib.metadata.version("llama-cpp-python"),
-        "target": target, "threads": threads, "new_tokens": tokens, "asked_new_tokens": new_tokens,
-        "probe_tokens_per_s": rate, "kmax": kmax, "reps": reps,
+        "target": target, "threads": threads, "new_tokens": new_tokens, "probe_tokens_per_s": rate,
+        "kmax": kmax, "reps": runs, "asked_reps": reps,
         "context": context, "prompts": len(halves["heldout_texts"]), "defaults": defaults,
         "answer": doc["answer"].get("best"), "candidates": figures})
