@@ -64,6 +64,9 @@ def test_a_target_that_keeps_its_last_rows_serves_them_alone_and_refuses_the_res
     full, kept = PrefilledTarget(model, prompt), PrefilledTarget(model, prompt, keep=3)
     assert kept.logits.shape[0] == 3 and kept.first_row == 597
     assert torch.allclose(kept.logits, full.logits[-3:], atol=1e-4)
+    grown = PrefilledTarget(model, prompt[:10], keep=3)
+    grown.hold(prompt[10:])  # 590 tokens in one pass: its last three rows kept
+    assert torch.allclose(grown.logits, full.logits[-3:], atol=1e-4)
     copied = []
     real_cat = torch.cat
     monkeypatch.setattr(torch, "cat", lambda parts, *a, **kw: copied.append(sum(p.shape[0] for p in parts))
@@ -80,7 +83,9 @@ def test_a_target_that_keeps_its_last_rows_serves_them_alone_and_refuses_the_res
     b = generate(full, list(prompt) + [7], k=0, max_new_tokens=5, prefill_last=False)
     assert a.tokens == b.tokens
     kept.hold(torch.tensor([7, 8]))
+    full.hold(torch.tensor([7, 8]))
     assert kept.prompt.shape[0] == 602 and kept.logits.shape[0] == 3
+    assert torch.allclose(kept.logits, full.logits[-3:], atol=1e-4)  # the held rows, at their positions
     with pytest.raises(ValueError, match="keep=0"):
         PrefilledTarget(model, prompt, keep=0)
 

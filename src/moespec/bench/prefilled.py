@@ -79,7 +79,8 @@ class PrefilledTarget(GreedyByLogits):
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
         self.reset()
         if tokens.numel():
-            self.logits = self._kept(torch.cat([self.logits, self.inner.extend(tokens, outputs=self._outputs(tokens.numel()))]))
+            outputs = None if self.keep is None else min(tokens.numel(), self.keep)  # one pass, unchunked
+            self.logits = self._kept(torch.cat([self.logits, self.inner.extend(tokens, outputs=outputs)]))
             self.prompt = torch.cat([self.prompt, tokens])
 
     def truncate(self, n: int) -> None:
