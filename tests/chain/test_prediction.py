@@ -332,3 +332,10 @@ def test_score_refuses_a_measurement_of_another_model():
     pred = predict_all(characterization(), TRACE, {**base(), "provenance": OLMOE})
     with pytest.raises(ProvenanceMismatch, match="model: prediction has .* measurement has"):
         score_all(pred, {**measurement(), "provenance": {**OLMOE, "model": "synthetic:mixtral-tiny"}})
+
+
+def test_the_prediction_names_the_engine_whose_passes_it_read():
+    """`moespec settings` prices llama.cpp's line on the passes alone only where they are llama.cpp's."""
+    measured = {**base(), "provenance": {"experts": "llama.cpp"}}
+    assert predict_all(characterization(), TRACE, measured)["provenance"]["experts"] == "llama.cpp"
+    assert "experts" not in predict_all(characterization(), TRACE, base())["provenance"]

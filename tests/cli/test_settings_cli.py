@@ -4,6 +4,8 @@ import json
 import shlex
 from fractions import Fraction as F
 
+import pytest
+
 from typer.testing import CliRunner
 
 from moespec import artifacts
@@ -57,6 +59,31 @@ def test_prediction_to_settings(tmp_path):
                             "--json", str(out)])
     assert r.exit_code == 0, r.output
     assert [row["k_star"] for row in json.loads(out.read_text())["payload"]["rows"]] == [0, 1]
+
+
+def test_llama_cpps_settings_from_a_llama_cpp_prediction_are_priced_on_its_own_loop(tmp_path):
+    """V̂ = 10, 11, 13, 16 ms holds 5 ms a round of moespec's engine around llama.cpp's passes τ̂ = 5, 6, 8, 11.
+    At a = 0.15 one draft pays on V̂ (1.15/11 > 1/10) but not on the passes alone (1.15/6 < 1/5); at
+    a = 0.9, V̂'s best is k = 3 (3.439/16 > 2.71/13) and the passes' k = 2 (2.71/8 > 3.439/11, 1.9/6)."""
+    pred = tmp_path / "prediction.json"
+    versions = {"prediction": {"V": {"dedup": V_DEDUP}, "tau": {"dedup": [v - 0.005 for v in V_DEDUP]}}}
+    artifacts.write(pred, "predict", {"provenance": {"experts": "llama.cpp"},
+                                      "depths": [{"depth": 512, "versions": versions}]})
+    out = tmp_path / "settings.json"
+    r = runner.invoke(app, ["settings", "--prediction", str(pred), "-a", "0.15", "-a", "0.9", "--draft", "d.gguf",
+                            "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "priced on its own loop" in r.output
+    payload = json.loads(out.read_text())["payload"]
+    assert payload["llama_step_times_ms"] == pytest.approx([5.0, 6.0, 8.0, 11.0])
+    low, high = ({e["engine"]: e for e in row["engines"]} for row in payload["rows"])
+    assert [row["k_star"] for row in payload["rows"]] == [1, 3]  # the table's k̂*: moespec's engine
+    assert not low["llama.cpp"]["speculate"] and low["vllm"]["speculate"]
+    assert "--spec-draft-n-max 2" in high["llama.cpp"]["fragment"] and '"num_speculative_tokens": 3' in high["vllm"]["fragment"]
+    artifacts.write(pred, "predict", {"depths": [{"depth": 512, "versions": versions}]})  # no engine named: V̂ alone
+    r = runner.invoke(app, ["settings", "--prediction", str(pred), "-a", "0.15", "--json", str(out)])
+    assert r.exit_code == 0 and "own loop" not in r.output
+    assert json.loads(out.read_text())["payload"]["rows"][0]["engines"][0]["speculate"]
 
 
 def test_prediction_errors(tmp_path):

@@ -15,7 +15,7 @@ A = [0.1, 0.5]
 
 
 def run(steady: bool = True, loss: float = 0.02) -> dict:
-    version = {"V": {"dedup": V}, "acceptance": A, "a0": {"dedup": 0.2}, "step_points": {"dedup": [0.2, 0.4215]},
+    version = {"V": {"dedup": V}, "tau": {"dedup": V}, "acceptance": A, "a0": {"dedup": 0.2}, "step_points": {"dedup": [0.2, 0.4215]},
                "k_star": {"dedup": [0, 2]}, "speedup": {"dedup": [1.0, 1.75 / 13.5 / 0.1]}}
     scored = {"acceptance": A, "k_star_predicted": [0, 2], "k_star_measured": [0, 1], "loss": [0.0, loss],
               "tau_error_dedup": 0.04, "oracle_gap": [0.0, 0.01]}
@@ -70,3 +70,22 @@ def test_the_words_agree_with_the_table_when_the_step_times_are_not_monotone():
     assert k2 == [0, 2, 2]  # the table: plain at a = 0.1, two drafts at 0.2 and 0.5
     assert "above a_1 = 0.14" in text and "k = 2 from a = 0.14" in text and "k = 1 from" not in text
     assert "from a0 = 0.26" in text
+
+
+def test_llama_servers_line_is_priced_without_the_engines_time_around_the_pass():
+    """V̂ = 10, 12, 13.5 ms holds h = 5 ms of moespec's engine a round; llama.cpp's loop pays the passes
+    τ̂ = 5, 7, 8.5 alone. At a = 0.5 the engine's k̂* is 2 (above), but on the passes alone one draft wins:
+    1.5/7 = 0.214 > 1.75/8.5 = 0.206 > 1/5; at a = 0.1, 1.1/7 = 0.157 < 0.2 keeps it plain."""
+    r = run()
+    r["prediction"]["depths"][0]["versions"]["calibrated"]["tau"] = {"dedup": [v - 0.005 for v in V]}
+    table = next(b for b in answer_blocks(r) if isinstance(b, Table))
+    rows = {row[0]: row for row in table.rows}
+    assert rows["0.50"][1] == 2 and "--spec-draft-n-max 1" in rows["0.50"][3]  # the engine's k̂*, llama's own line
+    assert rows["0.10"][3] == "--spec-type none"
+    assert "priced on llama.cpp's own loop" in table.caption
+    r["measurement"]["provenance"] = {"experts": "torch"}  # moespec's engine decodes: its V̂ prices the line
+    r["prediction"]["depths"][0]["versions"]["calibrated"]["V"]["auto"] = V
+    r["prediction"]["depths"][0]["versions"]["calibrated"]["k_star"]["auto"] = [0, 2]
+    r["prediction"]["depths"][0]["versions"]["calibrated"]["speedup"]["auto"] = [1.0, 1.75 / 13.5 / 0.1]
+    table = next(b for b in answer_blocks(r) if isinstance(b, Table))
+    assert "--spec-draft-n-max 2" in table.rows[1][3] and "own loop" not in table.caption

@@ -420,7 +420,9 @@ def predict_all(characterization, traces, measurement_base, *, acceptance: Seque
         depths.append(entry)
     if not depths:
         raise ValueError("the measurement has no verify times; run the base measurement first")
-    return {"model": base.get("model"), "provenance": {**shared, "trace": trace_fingerprint(trace)},
+    experts = base.get("provenance", {}).get("experts")  # the engine whose passes τ̂ are: "llama.cpp" on a GGUF file
+    return {"model": base.get("model"),
+            "provenance": {**shared, "trace": trace_fingerprint(trace), **({"experts": experts} if experts else {})},
             "sources": dict(sources or {}),
             "h_source": HSource(base.get("h_source", HSource.GIVEN)),
             "characterized_layers": list(char["layers"]), "trace_layers": trace.num_layers,

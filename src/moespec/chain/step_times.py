@@ -21,13 +21,26 @@ class StepTimesNotFound(ValueError):
         self.argument = argument
 
 
+LLAMA_CPP = "llama.cpp"  # the engine a prediction's provenance names where its passes are llama.cpp's
+
+
+def loop_step_times(version: dict, kernel: str) -> list[float]:
+    """A round at k as llama.cpp's compiled loop runs it with a draft that costs nothing: the pass τ̂(k + 1)
+    alone, for k = 0..kmax of one predicted version's V̂. V̂(k) = τ̂(k + 1) + h(k) adds the time moespec's
+    engine spends around the pass (the oracle's draft and the bookkeeping, timed by the base measurement),
+    which llama-server does not spend; on a model whose pass takes a millisecond it is half a round."""
+    return [float(t) for t in version["tau"][kernel][: len(version["V"][kernel])]]
+
+
 @dataclass(frozen=True)
 class PredictedStepTimes:
-    """V(0..kmax) in seconds read from a prediction artifact, with the version and depth read."""
+    """V(0..kmax) in seconds read from a prediction artifact, with the version and depth read; `loop`:
+    τ̂(1..kmax+1) alone where the passes are llama.cpp's (`loop_step_times`), else None."""
 
     V: list[float]
     version: str
     depth: int
+    loop: list[float] | None = None
 
 
 def predicted_step_times(path: str | Path, *, kernel: str, version: str | None = None, depth: int | None = None,
@@ -36,9 +49,10 @@ def predicted_step_times(path: str | Path, *, kernel: str, version: str | None =
     artifact. `version` None reads the first available in PREFERENCE order; a named one must be
     there, or with `fallback` it is tried first and then that order. `max_k` keeps V(0..max_k)."""
     try:
-        depths = payload_of(path, KIND).get("depths") or []
+        payload = payload_of(path, KIND)
     except (ValueError, FileNotFoundError) as e:
         raise StepTimesNotFound(str(e), "path") from None
+    depths = payload.get("depths") or []
     entries = {int(e["depth"]): e for e in depths}
     if not entries:
         raise StepTimesNotFound(f"{path} predicts no depth; run `moespec predict` again", "path")
@@ -65,7 +79,10 @@ def predicted_step_times(path: str | Path, *, kernel: str, version: str | None =
     if max_k is not None and len(V) < max_k + 1:
         raise StepTimesNotFound(f"{path} predicts V(k) up to k = {len(V) - 1}; pass --max-k {len(V) - 1} or less",
                                 "max_k")
-    return PredictedStepTimes([float(v) for v in V[: None if max_k is None else max_k + 1]], chosen, int(entry["depth"]))
+    keep = None if max_k is None else max_k + 1
+    llama = payload.get("provenance", {}).get("experts") == LLAMA_CPP and "tau" in found[chosen]
+    return PredictedStepTimes([float(v) for v in V[:keep]], chosen, int(entry["depth"]),
+                              loop_step_times(found[chosen], kernel)[:keep] if llama else None)
 
 
 def seed_step_times(path: str | Path, *, max_k: int, kernel: str = "auto", version: str = "calibrated",

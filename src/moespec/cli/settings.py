@@ -29,24 +29,26 @@ BATCH_STEP_TIMES_HELP = ("B=V_B(0),V_B(1),... in ms, the step times at batch siz
 TIMED_HELP = "a GGUF target whose V_B(k) to time on llama.cpp at --batch-sizes (a GGUF --draft is timed too)"
 
 
-def _prediction_step_times(path: Path, version: str | None, kernel: str, depth: int | None) -> tuple[list, list, str]:
-    """(V in seconds, V in ms, where it came from) from a predict artifact (`chain.step_times.predicted_step_times`)."""
+def _prediction_step_times(path: Path, version: str | None, kernel: str,
+                           depth: int | None) -> tuple[list, list, str, list | None]:
+    """(V in seconds, V in ms, where it came from, τ̂ alone for llama.cpp's loop or None) from a predict
+    artifact (`chain.step_times.predicted_step_times`)."""
     from moespec.chain.step_times import StepTimesNotFound, predicted_step_times
 
     try:
         read = predicted_step_times(path, kernel=kernel, version=version, depth=depth)
     except StepTimesNotFound as e:
         raise typer.BadParameter(str(e), param_hint=PREDICTION_OPTIONS[e.argument]) from None
-    return read.V, [1e3 * v for v in read.V], f"{path}: {read.version} version, {kernel} kernel, depth {read.depth}"
+    return read.V, [1e3 * v for v in read.V], f"{path}: {read.version} version, {kernel} kernel, depth {read.depth}", read.loop
 
 
-def _given_step_times(text: str) -> tuple[list, list, str]:
-    """(V, V in ms, where it came from) from --step-times, in ms."""
+def _given_step_times(text: str) -> tuple[list, list, str, None]:
+    """(V, V in ms, where it came from, no passes of llama.cpp's own) from --step-times, in ms."""
     V = parse_step_times(text)
     if len(V) < 2:
         raise typer.BadParameter(f"{text!r} gives only V(0); give V(0),V(1),... (kmax >= 1) such as 10,11,13",
                                  param_hint="'--step-times'")
-    return V, V, "--step-times"
+    return V, V, "--step-times", None
 
 
 def _choice(value: str | None, valid, option: str) -> str | None:
@@ -111,18 +113,37 @@ def settings(
         raise typer.BadParameter("give exactly one of --prediction and --step-times", param_hint="'--step-times'")
     if draft is not None and prompt_lookup is not None:
         raise typer.BadParameter("give --draft or --prompt-lookup, not both", param_hint="'--draft'")
-    V, V_ms, origin = (_prediction_step_times(prediction, version, kernel, depth) if prediction is not None
-                       else _given_step_times(step_times))
-    result = recommend(V, acceptance_grid(acceptance), draft=draft, prompt_lookup=prompt_lookup, engines=engines)
+    V, V_ms, origin, loop = (_prediction_step_times(prediction, version, kernel, depth) if prediction is not None
+                             else _given_step_times(step_times))
     console = cli_console()
+    result = _recommend(V, loop, acceptance_grid(acceptance), console, draft=draft, prompt_lookup=prompt_lookup,
+                        engines=engines)
     _print_settings(console, result, V_ms, origin, engines, placeholder=draft is None and prompt_lookup is None)
     if json_out is not None:
         from moespec.artifacts import write
 
         payload = result.to_dict()
         del payload["step_times"]  # seconds from a prediction, ms from --step-times: written once, in ms
-        write(json_out, "settings", {"source": origin, "step_times_ms": [float(v) for v in V_ms], **payload})
+        loop_ms = {} if loop is None else {"llama_step_times_ms": [1e3 * t for t in loop]}  # llama.cpp's rows' V
+        write(json_out, "settings", {"source": origin, "step_times_ms": [float(v) for v in V_ms], **loop_ms, **payload})
         console.print(f"wrote {json_out}")
+
+
+def _recommend(V: list, loop: list | None, grid, console, *, draft, prompt_lookup, engines):
+    """`recommend` on V, with llama.cpp's settings at each acceptance recommended on its own loop's rounds
+    where the prediction's passes are llama.cpp's (`loop`: τ̂ alone, `chain.step_times.loop_step_times`)."""
+    from dataclasses import replace
+
+    result = recommend(V, grid, draft=draft, prompt_lookup=prompt_lookup, engines=engines)
+    if loop is None or "llama.cpp" not in engines:
+        return result
+    own = recommend(loop, grid, draft=draft, prompt_lookup=prompt_lookup, engines=("llama.cpp",))
+    console.print("llama.cpp's settings are priced on its own loop: the passes τ̂(1..) = "
+                  + ", ".join(f"{1e3 * t:.4g}" for t in loop) + " ms alone, without the time moespec's engine "
+                  "spends around each (the other columns' V̂)")
+    rows = tuple(replace(r, engines=tuple(o.engine("llama.cpp") if e.engine == "llama.cpp" else e for e in r.engines))
+                 for r, o in zip(result.rows, own.rows))
+    return replace(result, rows=rows)
 
 
 def _print_settings(console, result, V_ms: list, origin: str, engines, *, placeholder: bool) -> None:

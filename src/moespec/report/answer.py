@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from moespec.chain.step_times import loop_step_times
 from moespec.costmodel.predict import preferred_version
 from moespec.costmodel.settings import DRAFT_PLACEHOLDER, recommend
 from moespec.costmodel.theory import summarize
@@ -64,11 +65,13 @@ def answer_blocks(run: dict[str, Any]) -> list:
     model = run.get("measurement", {}).get("provenance", {}).get("model") or pred.get("model", "the model")
     verdict_text = verdict(V, acceptance, gain)
     blocks: list = [f"The answer for {model} on this machine ({where}), from the {version} prediction: {verdict_text}"]
-    rec = recommend(V, acceptance, engines=("llama.cpp",))
+    rec = recommend(loop_step_times(p, kernel) if engine == "llama.cpp" else V, acceptance, engines=("llama.cpp",))
     rows = [[f"{a:.2f}", k, f"{g:.2f}x", r.engine("llama.cpp").fragment]
             for a, k, g, r in zip(acceptance, k_star, gain, rec.rows)]
-    blocks.append(Table(f"Best draft length k̂*(a), predicted speedup and llama-server's settings at each acceptance "
-                        f"a of your draft ({DRAFT_PLACEHOLDER}: your draft's GGUF file; `moespec settings "
+    loop = (", priced on llama.cpp's own loop (the passes τ̂(k + 1) alone, without the time moespec's engine spends "
+            "around them)" if engine == "llama.cpp" else "")
+    blocks.append(Table(f"Best draft length k̂*(a) and predicted speedup at each acceptance a of your draft, and "
+                        f"llama-server's settings{loop} ({DRAFT_PLACEHOLDER}: your draft's GGUF file; `moespec settings "
                         f"--prediction prediction.json --draft FILE` writes them for vLLM and SGLang too)",
                         ["a", "k̂*", "speedup", "llama-server settings"], rows))
     blocks.append(_trust(run, entry["depth"], version))
