@@ -255,3 +255,22 @@ def test_ngram_acceptance_under_sampling_is_counted():
     assert got.temperature == 1.0 and got.new_tokens == 90 and acc.at_risk[0] > 0
     assert all(a <= n for a, n in zip(acc.accepted, acc.at_risk))
     assert acc.at_risk[1] <= acc.accepted[0]  # less in the rounds the token budget cut to k = 1
+
+
+def test_a_fresh_proposer_per_prompt_keeps_one_prompts_text_out_of_the_next_ones_pool():
+    """ngram-mod's pool carries across the prompts one proposer decodes (as llama-server's across
+    requests); made fresh for each prompt (a function, as the calibration passes), two copies of one
+    greedy prompt count exactly the same rounds, while one shared proposer drafts the second copy from
+    the first one's continuation and is accepted more often there."""
+    from moespec.engine.ngram import NgramMod
+
+    target = TableLM(V, seed=2)
+    prompt = torch.randint(0, V, (6,), generator=torch.Generator().manual_seed(5)).tolist()
+    kw = dict(kmax=3, max_new_tokens=60)
+    fresh = measure_acceptance(target, lambda: NgramMod(n_match=2, n_max=3, n_min=1), [prompt, prompt], **kw)
+    first, second = fresh.by_prompt
+    assert (first.at_risk, first.accepted) == (second.at_risk, second.accepted)
+    shared = measure_acceptance(target, NgramMod(n_match=2, n_max=3, n_min=1), [prompt, prompt], **kw)
+    assert shared.by_prompt[0].accepted == first.accepted  # the first prompt meets an empty pool either way
+    assert sum(shared.by_prompt[1].accepted) > sum(first.accepted)
+    assert fresh.candidate == shared.candidate and fresh.candidate["proposer"] == "NgramMod"

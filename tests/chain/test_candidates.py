@@ -352,3 +352,16 @@ def test_score_by_hand():
     slow = score_candidates([plainly], [HeldoutCheck(plainly.candidate, (90,) * 3, (10, 11, 12), 1, 1, 90)])
     assert slow.named is None and slow.measured_best is None and slow.named_ok
     assert slow.scores[0].k_hat == slow.scores[0].k_best == 0
+
+
+def test_the_check_gives_each_prompt_a_fresh_ngram_pool():
+    """Two copies of one prompt decode the same rounds at every k, as one copy alone does twice: no
+    run's pool holds an earlier run's text (llama-speculative-simple starts every prompt so; with one
+    pool over the prompts the second copy would draft from the first's continuation)."""
+    target, prompt = TableLM(48, seed=2), [5, 9, 14, 3, 22, 7]
+    kw = dict(kmax=3, new_tokens=40, reps=1, warmup=0)
+    ngram = Candidate("ngram-mod", n=2)
+    one = check_heldout(target, None, ngram, [prompt], **kw)
+    two = check_heldout(target, None, ngram, [prompt, prompt], **kw)
+    assert two.rounds == tuple(2 * r for r in one.rounds)
+    assert one.rounds[3] < one.rounds[0]  # the rule drafts and is accepted on this text

@@ -20,7 +20,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -175,21 +175,25 @@ class CandidateAcceptance:
         return cls(**{**d, "acceptance": PositionalAcceptance.from_dict(d["acceptance"]), "by_prompt": parts})
 
 
-def measure_acceptance(target, proposer: Proposer, prompts: Sequence[Sequence[int]], *, kmax: int,
-                       max_new_tokens: int = 64, temperature: float = 0.0, top_p: float | None = None,
+def measure_acceptance(target, proposer: Proposer | Callable[[], Proposer], prompts: Sequence[Sequence[int]], *,
+                       kmax: int, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float | None = None,
                        seed: int = 0, eos_token_id=None, vocab_limit: int | None = None,
                        texts: list | None = None) -> CandidateAcceptance:
     """The proposer's acceptance by position at draft length kmax on `prompts` ([P_i] ids each), from
     untimed `generate` calls (greedy by default; temperature/top-p otherwise, prompt i seeded seed + i),
     with the rounds that offered each position and those whose proposal reached it (s_j).
+    proposer: one Proposer for every prompt (an n-gram pool then carries across them), or a function
+    that makes a fresh one for each prompt.
     texts: a list that receives (prompt, its continuation) per prompt (`draft_confidence` reads them)."""
     if kmax < 1:
         raise ValueError(f"kmax = {kmax}: the acceptance by position needs a draft length >= 1")
     if not prompts:
         raise ValueError("no prompts to measure the acceptance on; give at least one")
+    fresh = proposer if callable(proposer) and not hasattr(proposer, "propose") else lambda: proposer
     parts, new_tokens = [], 0
     for i, prompt in enumerate(prompts):
-        out = generate(target, prompt, draft=proposer, k=kmax, max_new_tokens=max_new_tokens, temperature=temperature,
+        draft = fresh()
+        out = generate(target, prompt, draft=draft, k=kmax, max_new_tokens=max_new_tokens, temperature=temperature,
                        top_p=top_p, seed=seed + i, eos_token_id=eos_token_id, vocab_limit=vocab_limit)
         s = out.stats
         if texts is not None:
@@ -199,7 +203,7 @@ def measure_acceptance(target, proposer: Proposer, prompts: Sequence[Sequence[in
                                           offered=offered_from_rounds(s.k_per_round, s.tokens_per_round, **rounds),
                                           drafted=tuple(s.drafted_by_position[:kmax])))
         new_tokens += s.new_tokens
-    return CandidateAcceptance(candidate=proposer.identity() or {"proposer": type(proposer).__name__},
+    return CandidateAcceptance(candidate=draft.identity() or {"proposer": type(draft).__name__},
                                acceptance=pooled(parts), prompts=len(prompts), new_tokens=new_tokens,
                                max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                by_prompt=tuple(PositionalAcceptance(p.at_risk, p.accepted) for p in parts))

@@ -114,8 +114,8 @@ def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, pro
     greedy unless `temperature` (and `top_p`) sample as the calibration did. At least `reps` repetitions,
     more where plain decoding of the prompts would last less than `min_seconds` in all (`check_reps`).
 
-    Every (rep, k) pass runs all prompts with one fresh proposer (a fresh n-gram pool, as a server
-    starts); k runs ascending in even reps and descending in odd ones, so that drift on a shared
+    Every run has a fresh proposer (an n-gram pool of its prompt alone, as the calibration's and as
+    llama-speculative-simple starts each prompt, `chain.candidate_llama`); k runs ascending in even reps and descending in odd ones, so that drift on a shared
     machine spreads over every k. `warmup` untimed passes over the first prompt at each k come first.
     Neither model's prefill is timed (`PrefilledTarget`, `PrefilledDraft`). The target holds one prompt's
     prefill at a time (a llama.cpp model is one cache: prefilled for every prompt at once, each prompt but
@@ -144,9 +144,8 @@ def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, pro
     rep = 0
     while rep < reps:
         for k in (range(kmax + 1) if rep % 2 == 0 else range(kmax, -1, -1)):
-            proposer = untimed_prefill(loaded.proposer(k)) if k else None
             for i in range(len(ids)):
-                stats = run(i, k, proposer)
+                stats = run(i, k, untimed_prefill(loaded.proposer(k)) if k else None)
                 samples[k][i].append(stats.total_s)
                 tokens[k][i], rounds[k][i] = stats.new_tokens, stats.rounds
         if rep == 0:
