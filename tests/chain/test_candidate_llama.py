@@ -224,3 +224,26 @@ def test_each_held_out_prompt_decodes_on_its_own_prefill(gguf_files, monkeypatch
         for prompt, tokens in seen:
             model.reset()
             assert tokens == generate(model, prompt, k=0, max_new_tokens=8).tokens
+
+
+def test_an_n_max_that_accepted_no_draft_is_plain_decoding_not_a_best_setting():
+    """ngram-mod that found no match drafts nothing: its n-max runs are plain decoding measured again,
+    so one that ran 2% faster than plain by the machine's noise neither becomes the best n-max nor makes
+    speculation pay (the ÷ defaults goal then does not apply); one that accepted drafts does."""
+    from moespec.bench.llama_settings import DEFAULTS, EMITTED, PLAIN, LlamaSetting
+    from moespec.bench.llama_speculative import SettingTimes
+    from moespec.chain.candidate_llama import candidate_figures
+
+    def times(name, n_max, seconds, accepted=0):
+        return SettingTimes(LlamaSetting(name, (), n_max), (100,), (seconds,), 4 * accepted, accepted)
+
+    cand = {"kind": "ngram-mod", "n": 3, "name": "ngram-mod n=3"}
+    pred = {"name": cand["name"], "candidate": cand, "answer": {"k_star": 0}}
+    defaults = {"ngram-mod": {"n_match": 24, "n_max": 64, "n_min": 48}}
+    base = [times(PLAIN, 0, 1.0), times(EMITTED, 0, 1.0), times(DEFAULTS, None, 1.0)]
+    idle = candidate_figures(pred, base + [times("n-max 1", 1, 0.98), times("n-max 2", 2, 1.01)], defaults)
+    assert idle["best_n_max"] == 0 and not idle["speculation_pays"]
+    assert not idle["goals"]["emitted_vs_defaults"]["applies"] and idle["goals"]["emitted_vs_best"]["value"] == 1.0
+    drafting = candidate_figures(pred, base + [times("n-max 1", 1, 0.98, accepted=5), times("n-max 2", 2, 1.01)],
+                                 defaults)
+    assert drafting["best_n_max"] == 1 and drafting["speculation_pays"]
