@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moespec.chain.prediction import KIND, payload_of
-from moespec.costmodel.predict import preferred_version
+from moespec.costmodel.predict import loop_step_times, preferred_version
 
 
 class StepTimesNotFound(ValueError):
@@ -22,14 +22,6 @@ class StepTimesNotFound(ValueError):
 
 
 LLAMA_CPP = "llama.cpp"  # the engine a prediction's provenance names where its passes are llama.cpp's
-
-
-def loop_step_times(version: dict, kernel: str) -> list[float]:
-    """A round at k as llama.cpp's compiled loop runs it with a draft that costs nothing: the pass τ̂(k + 1)
-    alone, for k = 0..kmax of one predicted version's V̂. V̂(k) = τ̂(k + 1) + h(k) adds the time moespec's
-    engine spends around the pass (the oracle's draft and the bookkeeping, timed by the base measurement),
-    which llama-server does not spend; on a model whose pass takes a millisecond it is half a round."""
-    return [float(t) for t in version["tau"][kernel][: len(version["V"][kernel])]]
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ def settings(
 
 def _recommend(V: list, loop: list | None, grid, console, *, draft, prompt_lookup, engines):
     """`recommend` on V, with llama.cpp's settings at each acceptance recommended on its own loop's rounds
-    where the prediction's passes are llama.cpp's (`loop`: τ̂ alone, `chain.step_times.loop_step_times`)."""
+    where the prediction's passes are llama.cpp's (`loop`: τ̂ alone, `costmodel.predict.loop_step_times`)."""
     from dataclasses import replace
 
     result = recommend(V, grid, draft=draft, prompt_lookup=prompt_lookup, engines=engines)

@@ -48,6 +48,14 @@ PREFERENCE = ("calibrated", "measured-time", "prediction-outside", "prediction")
 KERNELS = (*COST_KERNELS, COST_AUTO)
 
 
+def loop_step_times(version: dict, kernel: str) -> list[float]:
+    """A round at k as llama.cpp's compiled loop runs it with a draft that costs nothing: the pass τ̂(k + 1)
+    alone, for k = 0..kmax of one predicted version's V̂. V̂(k) = τ̂(k + 1) + h(k) adds the time moespec's
+    engine spends around the pass (the oracle's draft and the bookkeeping, timed by the base measurement),
+    which llama-server does not spend; on a model whose pass takes a millisecond it is half a round."""
+    return [float(t) for t in version["tau"][kernel][: len(version["V"][kernel])]]
+
+
 def preferred_version(available, first: str | None = None) -> str | None:
     """The first of `first` (when given) and PREFERENCE that `available` holds, else None."""
     order = ([first] if first else []) + [v for v in PREFERENCE if v != first]

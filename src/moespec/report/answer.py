@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from moespec.chain.step_times import loop_step_times
-from moespec.costmodel.predict import preferred_version
+from moespec.costmodel.predict import loop_step_times, preferred_version
 from moespec.costmodel.settings import DRAFT_PLACEHOLDER, recommend
 from moespec.costmodel.theory import summarize
 from moespec.report.html import Table
