@@ -58,6 +58,7 @@ def test_flusher_default_is_twice_llc_and_at_least_256_mib():
     llc = last_level_cache_bytes() or 0
     assert flusher.nbytes == max(2 * llc, MIN_FLUSH_BYTES)
     assert flusher.nbytes >= 256 * 1024**2
+    flusher()  # the buffer is made at the first flush
     assert flusher._buffer.numel() * flusher._buffer.element_size() >= flusher.nbytes
 
 
@@ -124,3 +125,14 @@ def test_module_clock_sums_the_time_inside_the_modules_and_resets(monkeypatch):
     assert clock.take() == 0.0
     with pytest.raises(ValueError, match="at least one module"):
         ModuleClock([])
+
+
+def test_the_flush_buffer_is_made_at_the_first_flush():
+    """A flusher that never flushes (the demo's sweep phase, whose verify passes come back from the point
+    log) holds no buffer; the first flush makes ceil(nbytes / 8) int64 words, and later ones reuse them."""
+    flush = CacheFlusher(nbytes=1001)
+    assert flush._buffer is None
+    flush()
+    first = flush._buffer
+    flush()
+    assert first.numel() == 126 and flush._buffer is first
