@@ -103,8 +103,9 @@ class CacheFlusher:
 
         from moespec.device import synchronize
 
-        if self._buffer is None:
-            self._buffer = torch.zeros((self.nbytes + 7) // 8, dtype=torch.int64, device=self.device)
+        if self._buffer is None:  # a normal tensor even where the first flush runs under inference_mode
+            with torch.inference_mode(False):
+                self._buffer = torch.zeros((self.nbytes + 7) // 8, dtype=torch.int64, device=self.device)
         self._buffer.add_(1)
         synchronize(self.device)
 
