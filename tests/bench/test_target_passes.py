@@ -16,8 +16,9 @@ class GraphModel:
     """A SpecModel whose pass of n tokens costs BASE + n PER_TOKEN on `clock`, and REBUILD more when the
     pass before it had another size (llama.cpp's graph rebuilt); prefills and passes alike."""
 
-    def __init__(self, clock):
+    def __init__(self, clock, per_cached=0.0):
         self.clock, self.tokens, self.last, self.width, self.vocab_limit = clock, [], None, 16, None
+        self.per_cached = per_cached  # more per token of the pass and per token already in the cache
 
     @property
     def length(self):
@@ -31,7 +32,8 @@ class GraphModel:
 
     def extend(self, tokens, outputs=None):
         n = int(tokens.numel())
-        self.clock.now += BASE + n * PER_TOKEN + (REBUILD if n != self.last else 0.0)
+        self.clock.now += BASE + n * PER_TOKEN + n * self.per_cached * len(self.tokens) + \
+            (REBUILD if n != self.last else 0.0)
         self.last = n
         self.tokens += tokens.tolist()
         return torch.zeros(n if outputs is None else outputs, self.width)
@@ -58,9 +60,23 @@ def test_warm_and_cold_passes_and_a_plain_step_on_a_fake_clock():
     assert TargetPasses.from_dict(got.to_dict()) == got
 
 
+def test_passes_timed_past_the_prompt_at_the_depth_asked():
+    # a pass of n tokens also costs n * DEPTH per cached token (attention over the cache); the prompt of 5
+    # and 3 tokens decoded past it: the passes run on a cache of 7 (the text's last token is each pass's
+    # first), where at ahead = 0 they ran on 4
+    DEPTH = 0.25
+    for ahead, cached in ((0, 4), (3, 7)):
+        clock = Clock()
+        model = GraphModel(clock, per_cached=DEPTH)
+        got = measure_target_passes(model, [[1, 2, 3, 4, 5]], kmax=2, reps=3, ahead=ahead, clock=clock)
+        assert got.warm == tuple(BASE + n * PER_TOKEN + n * DEPTH * cached for n in range(1, 4))
+        assert got.depths == (cached + 1,) and got.ahead == ahead and model.length == 0
+        assert TargetPasses.from_dict(got.to_dict()) == got
+
+
 def test_refusals():
     clock = Clock()
-    for bad in (dict(kmax=-1), dict(reps=0), dict(prompts=[[1]]), dict(prompts=[])):
+    for bad in (dict(kmax=-1), dict(reps=0), dict(ahead=-1), dict(prompts=[[1]]), dict(prompts=[])):
         kw = dict(prompts=[[1, 2, 3]], kmax=2, reps=2) | bad
         with pytest.raises(ValueError):
             measure_target_passes(GraphModel(clock), **kw, clock=clock)

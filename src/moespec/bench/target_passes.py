@@ -11,7 +11,10 @@ trained pair (~0.5 ms a pass) the chain's τ̂(1) was 1.02 ms, decoding paid 0.6
 16.3 ms against 8.3 ms; every speedup the answer named read that difference.
 
 `measure_target_passes` times what the answer for a user's draft needs: on each calibration prompt at
-its own length, for n = 1..kmax + 1 in rotation, a pass of n tokens right after one of another size
+the middle of the depths its answer's rounds run at (the prompt and `ahead` tokens decoded past it,
+untimed: an answer of N new tokens runs its rounds at P..P + N, and on a small model a pass of several
+tokens grows with the depth: SmolLM2-135M on llama.cpp, n = 9, 69, 76 and 83 ms at P, P + 24 and P + 48
+with n = 1 flat at 14 ms), for n = 1..kmax + 1 in rotation, a pass of n tokens right after one of another size
 ("cold": the graph rebuilt) and then again ("warm": a run of rounds at one draft length, the graph
 reused), nothing run between; and a plain greedy step as the engine decodes plainly (its compiled
 loop where the backend has one). `chain.candidate_answer.predict_candidate` prices a round with these.
@@ -34,13 +37,15 @@ PLAIN_STEPS = 8  # plain greedy steps timed per repetition
 @dataclass(frozen=True)
 class TargetPasses:
     """Medians, seconds: warm[n - 1] a pass of n tokens after one of the same size, cold[n - 1] after one
-    of another size, n = 1..kmax + 1; plain one plain greedy step; depths: the prompts' lengths."""
+    of another size, n = 1..kmax + 1; plain one plain greedy step; depths: where they were timed, each
+    prompt's length and `ahead` tokens past it."""
 
     warm: tuple[float, ...]
     cold: tuple[float, ...]
     plain: float
     reps: int
     depths: tuple[int, ...]
+    ahead: int = 0
 
     @property
     def kmax(self) -> int:
@@ -48,28 +53,33 @@ class TargetPasses:
 
     def to_dict(self) -> dict:
         return {"warm": list(self.warm), "cold": list(self.cold), "plain": self.plain, "reps": self.reps,
-                "depths": list(self.depths)}
+                "depths": list(self.depths), "ahead": self.ahead}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TargetPasses":
-        return cls(tuple(d["warm"]), tuple(d["cold"]), float(d["plain"]), int(d["reps"]), tuple(d["depths"]))
+        return cls(tuple(d["warm"]), tuple(d["cold"]), float(d["plain"]), int(d["reps"]), tuple(d["depths"]),
+                   int(d.get("ahead", 0)))
 
 
 def measure_target_passes(target, prompts: Sequence[Sequence[int]], *, kmax: int, reps: int = 20,
-                          vocab_limit: int | None = None, greedy: bool = True,
+                          vocab_limit: int | None = None, greedy: bool = True, ahead: int = 0,
                           clock=time.perf_counter) -> TargetPasses:
     """`TargetPasses` of `target` on `prompts` ([P_i] ids each, P_i >= 2), `reps` repetitions in all,
-    shared among the prompts in turn. A pass feeds n of the prompt's own tokens after the prompt, as
-    the engine's verify does (`extend_argmax` under greedy decoding, else `extend`), and the cache is
-    cut back after it, outside the timing. clock: seconds (a fake one in tests)."""
-    if kmax < 0 or reps < 1 or not prompts or min(len(p) for p in prompts) < 2:
-        raise ValueError(f"need kmax >= 0 (got {kmax}), reps >= 1 (got {reps}) and prompts of >= 2 tokens each")
+    shared among the prompts in turn, each prompt's passes after it and `ahead` tokens decoded past it
+    (greedy, untimed; the passes step asks for half the answer's new tokens: the middle of its rounds'
+    depths). A pass feeds n of that text's own tokens after it, as the engine's verify does
+    (`extend_argmax` under greedy decoding, else `extend`), and the cache is cut back after it, outside
+    the timing. clock: seconds (a fake one in tests)."""
+    if kmax < 0 or reps < 1 or ahead < 0 or not prompts or min(len(p) for p in prompts) < 2:
+        raise ValueError(f"need kmax >= 0 (got {kmax}), reps >= 1 (got {reps}), ahead >= 0 (got {ahead}) and "
+                         "prompts of >= 2 tokens each")
     spec = as_spec_model(target)
     limit = vocab_limit or spec.width
     step = (lambda ids: spec.extend_argmax(ids, limit)) if greedy and hasattr(spec, "extend_argmax") else spec.extend
-    warm, cold, plain = [[] for _ in range(kmax + 1)], [[] for _ in range(kmax + 1)], []
+    warm, cold, plain, depths = [[] for _ in range(kmax + 1)], [[] for _ in range(kmax + 1)], [], []
     for i, prompt in enumerate(prompts):
-        ids = torch.as_tensor(list(prompt), dtype=torch.long)
+        ids = decoded_ahead(spec, torch.as_tensor(list(prompt), dtype=torch.long), ahead, limit)
+        depths.append(ids.shape[0])
         spec.reset()
         spec.extend(ids[:-1], outputs=1)
         base = spec.length
@@ -85,8 +95,20 @@ def measure_target_passes(target, prompts: Sequence[Sequence[int]], *, kmax: int
             plain.append(_plain_step(spec, int(ids[-1]), limit, greedy, step, clock))
             spec.truncate(base)
     spec.reset()
-    return TargetPasses(tuple(map(median, warm)), tuple(map(median, cold)), median(plain), reps,
-                        tuple(len(p) for p in prompts))
+    return TargetPasses(tuple(map(median, warm)), tuple(map(median, cold)), median(plain), reps, tuple(depths), ahead)
+
+
+def decoded_ahead(spec, ids: torch.Tensor, ahead: int, limit: int) -> torch.Tensor:
+    """The prompt `ids` [P] and `ahead` tokens after it, each the target's greedy choice (untimed); [P + ahead]."""
+    if ahead == 0:
+        return ids
+    spec.reset()
+    row = spec.extend(ids, outputs=1)
+    out = ids.tolist()
+    for _ in range(ahead):
+        out.append(int(row[-1, :limit].argmax()))
+        row = spec.extend(torch.tensor(out[-1:]), outputs=1)
+    return torch.tensor(out, dtype=torch.long)
 
 
 def _plain_step(spec, token: int, limit: int, greedy: bool, step, clock) -> float:

@@ -129,15 +129,23 @@ def calibrate_step(model, tokenizer, *, candidate: dict, prompts: Path, knobs: d
 
 def passes_step(model, tokenizer, *, prompts: Path, knobs: dict, path: Path) -> None:
     """The target's passes of n = 1..kmax + 1 tokens and a plain step on the calibration half, as decoding
-    meets them (`bench.target_passes`), `cost_reps` repetitions."""
+    meets them (`bench.target_passes`), `cost_reps` repetitions, each prompt's at the middle of its
+    answer's depths (`passes_ahead`)."""
     from moespec.bench.target_passes import measure_target_passes
     from moespec.texts import vocab_limit
 
     ids = artifacts.load(prompts, run_files.KINDS[run_files.PROMPTS])["payload"]["calibration"]
     got = measure_target_passes(model, ids, kmax=knobs["kmax"], reps=knobs["cost_reps"],
-                                vocab_limit=vocab_limit(tokenizer), greedy=knobs["temperature"] == 0)
+                                vocab_limit=vocab_limit(tokenizer), greedy=knobs["temperature"] == 0,
+                                ahead=passes_ahead(knobs))
     artifacts.write(path, run_files.KINDS[run_files.PASSES], {**got.to_dict(), "half": "calibration",
                                                               "settings": dict(knobs)})
+
+
+def passes_ahead(knobs: Mapping[str, Any]) -> int:
+    """Tokens decoded past a prompt before its passes are timed: half the answer's new tokens, the middle
+    of the depths its rounds run at."""
+    return int(knobs["new_tokens"]) // 2
 
 
 def check_step(model, tokenizer, *, candidate: dict, prompts: Path, knobs: dict, path: Path, **where) -> None:
@@ -259,10 +267,11 @@ def drop_changed(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any]
             echo(f"[candidates] {path.name} was made for another candidate or settings; making it again")
             path.unlink()
     passes = p(run_files.PASSES)
-    if passes.exists() and settings_changed(artifacts.load(passes, run_files.KINDS[run_files.PASSES])["payload"]
-                                            .get("settings", {}), dict(knobs)):
-        echo(f"[candidates] {run_files.PASSES} was made with other settings; timing the passes again")
-        passes.unlink()
+    if passes.exists():
+        got = artifacts.load(passes, run_files.KINDS[run_files.PASSES])["payload"]
+        if settings_changed(got.get("settings", {}), dict(knobs)) or got.get("ahead", 0) != passes_ahead(knobs):
+            echo(f"[candidates] {run_files.PASSES} was made with other settings or depths; timing the passes again")
+            passes.unlink()
     if p(run_files.CANDIDATES).exists():
         got = artifacts.load(p(run_files.CANDIDATES), run_files.KINDS[run_files.CANDIDATES])["payload"]
         from moespec.chain.candidate_batch import NOT_TIMED
