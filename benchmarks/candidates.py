@@ -168,11 +168,13 @@ def main() -> None:
             row["goals"] = goals(row["score"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=1))
-    print(f"\n{'pair':10s} {'candidate':34s} {'k̂*':>4s} {'best k':>6s} {'pred':>6s} {'meas':>6s} {'lost':>6s}")
+    print(f"\n{'pair':10s} {'candidate':34s} {'k̂*':>4s} {'best k':>6s} {'pred':>6s} {'meas':>6s} {'lost':>6s} "
+          f"{'floor':>6s}")
     for row in rows:
         for s in row.get("score", {}).get("scores", []):
             print(f"{row['pair']:10s} {s['name'][:34]:34s} {s['k_hat']:4d} {s['k_best']:6d} "
-                  f"{s['predicted_speedup']:5.2f}x {s['measured_speedup']:5.2f}x {s['throughput_lost']:6.1%}")
+                  f"{s['predicted_speedup']:5.2f}x {s['measured_speedup']:5.2f}x {s['throughput_lost']:6.1%} "
+                  f"{s['loss_floor'] if s.get('loss_floor') is None else format(s['loss_floor'], '6.1%')}")
         print(f"{row['pair']:10s} wall {row['wall_s'] / 60:.1f} min; goals {row.get('goals')}")
     print(f"wrote {args.out}")
 

@@ -118,6 +118,8 @@ def test_the_answer_words_table_and_figure(run):
     answer = (folder / "answer.txt").read_text()
     assert answer.startswith("Your drafts (trained:draft, prompt-lookup n=2, ngram-mod n=3 n-min=1) on your prompts")
     assert "Checked on the held-out prompts (out of sample)" in answer
+    floor = max(x["loss_floor"] for x in payload(folder / "candidates-score.json")["scores"])
+    assert f"its measured best k up to {floor:.1%}" in " ".join(answer.split())
     got = payload(folder / "candidates.json")["answer"]
     if got["best"] is not None:
         assert f"llama-server: {got['settings']['llama.cpp']['fragment']}" in answer.replace("\n", " ")

@@ -309,11 +309,28 @@ def test_check_heldout_on_a_fake_clock(monkeypatch):
     # rounds per prompt: k=0: 13 (the prefill's row commits the first token); k=1: 6 of 2 tokens and
     # the budget's last one: 7; k=2: 4 of 3 and 1: 5; k=3: 3 of 4 and 1: 4
     assert check.rounds == (26, 14, 10, 8) and check.tokens_per_round == (1, 26 / 14, 2.6, 3.25)
+    assert check.samples == (((15, 15), (15, 15)), ((10, 10), (10, 10)), ((8, 8), (8, 8)), ((7, 7), (7, 7)))
+    assert check.loss_floor() == 0  # every repetition alike: the measured best k loses nothing on a resample
     assert HeldoutCheck.from_dict(check.to_dict()) == check
     # plain decoding of the two prompts lasts 30 s a repetition: 100 s in all asks for 4 repetitions
     longer = check_heldout(target, None, Candidate("oracle", acceptance=1.0), [[1, 2, 3, 4, 5], [7, 8, 9]], kmax=3,
                            new_tokens=13, reps=2, min_seconds=100)
     assert longer.reps == 4 and longer.seconds == check.seconds
+
+
+def test_the_loss_floor_is_what_the_checks_own_noise_charges_its_best_k():
+    # one prompt, 10 tokens: plain 1 s in each of 3 reps, k = 1 0.9, 0.9 and 1.2 s (median 0.9: best k = 1).
+    # A resample's median at k = 1 is 1.2 s when 2 or 3 of its 3 draws are: 7/27 = 0.26 of resamples, which
+    # then measure k = 1 at 10/1.2 against plain's 10: a loss of 1/6; else 0
+    check = HeldoutCheck(Candidate("prompt-lookup", n=2), (10, 10), (1.0, 0.9), 1, 3, 10,
+                         samples=(((1.0, 1.0, 1.0),), ((0.9, 0.9, 1.2),)))
+    assert check.best_k == 1
+    assert check.loss_floor(level=0.95) == pytest.approx(1 / 6) and check.loss_floor(level=0.5) == 0
+    assert HeldoutCheck(Candidate("prompt-lookup", n=2), (10, 10), (1.0, 0.9), 1, 3, 10).loss_floor() is None
+    draft = draft_prediction()
+    scored = score_candidates([draft], [HeldoutCheck(draft.candidate, (10,) * 3, (1.0, 0.9, 1.0), 1, 3, 10,
+                                                     samples=(((1.0,) * 3,), ((0.9, 0.9, 1.2),), ((1.0,) * 3,)))])
+    assert scored.scores[0].loss_floor == pytest.approx(1 / 6)
 
 
 def test_check_reps_stretch_a_fast_models_check():

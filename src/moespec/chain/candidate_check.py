@@ -11,9 +11,10 @@ PrefilledTarget`) so a run's time is its decoding; that time is the engine's own
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import Callable, Sequence
+
+import numpy as np
 
 from moespec.bench.prefilled import PrefilledTarget
 from moespec.bench.timing import Timing
@@ -24,6 +25,7 @@ from moespec.engine.proposers import DraftModel
 from moespec.texts import vocab_limit
 
 NAMED_BEST_SLACK = 0.02  # the named candidate may measure up to 2% below the measured best (issue 50)
+LOSS_FLOOR_LEVEL, LOSS_FLOOR_RESAMPLES = 0.95, 1000  # the check's loss floor: its quantile and resamples
 
 
 class PrefilledDraft(DraftModel):
@@ -48,7 +50,9 @@ class HeldoutCheck:
     tokens: [kmax + 1] new tokens over all prompts; seconds: [kmax + 1] the sum over prompts of each
     prompt's median decode time over `reps`; throughput = tokens / seconds; rounds: [kmax + 1] the
     rounds those tokens took (one rep; () in a check from before they were kept), so tokens/rounds is
-    the held-out E(k), beside the calibration's (where a miss came from: the acceptance or the time)."""
+    the held-out E(k), beside the calibration's (where a miss came from: the acceptance or the time);
+    samples: [kmax + 1][prompts][reps] every repetition's seconds (() before they were kept), which
+    `loss_floor` resamples."""
 
     candidate: Candidate
     tokens: tuple[int, ...]
@@ -57,6 +61,7 @@ class HeldoutCheck:
     reps: int
     new_tokens: int
     rounds: tuple[int, ...] = ()
+    samples: tuple = ()
 
     @property
     def tokens_per_round(self) -> tuple[float, ...]:
@@ -82,16 +87,35 @@ class HeldoutCheck:
     def best_speedup(self) -> float:
         return self.speedup[self.best_k]
 
+    def loss_floor(self, level: float = LOSS_FLOOR_LEVEL, resamples: int = LOSS_FLOOR_RESAMPLES,
+                   seed: int = 0) -> float | None:
+        """What the check's own noise charges an exact answer: the `level` quantile, over bootstrap
+        resamples of the repetitions (each (k, prompt)'s drawn with replacement, its median taken), of
+        the throughput the measured best k loses against the resample's best, 1 - T_b(k_best)/max_k T_b(k)
+        (the chain's loss floor, `costmodel.score.sweep_intervals`, on this check). None without samples."""
+        if not self.samples:
+            return None
+        rng = np.random.default_rng(seed)
+        times = [[np.asarray(reps, dtype=float) for reps in by_prompt] for by_prompt in self.samples]
+        floor = []
+        for _ in range(resamples):
+            seconds = [sum(np.median(rng.choice(r, r.size)) for r in by_prompt) for by_prompt in times]
+            T = np.asarray(self.tokens, dtype=float) / np.asarray(seconds)
+            floor.append(1 - T[self.best_k] / T.max())
+        return float(np.quantile(floor, level))
+
     def to_dict(self) -> dict:
         return {"candidate": self.candidate.to_dict(), "tokens": list(self.tokens), "seconds": list(self.seconds),
                 "prompts": self.prompts, "reps": self.reps, "new_tokens": self.new_tokens,
                 "throughput": list(self.throughput), "speedup": list(self.speedup), "best_k": self.best_k,
-                "rounds": list(self.rounds), "tokens_per_round": list(self.tokens_per_round), "half": "held-out"}
+                "rounds": list(self.rounds), "tokens_per_round": list(self.tokens_per_round), "half": "held-out",
+                "samples": [[list(r) for r in by_prompt] for by_prompt in self.samples]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "HeldoutCheck":
+        samples = tuple(tuple(tuple(r) for r in by_prompt) for by_prompt in d.get("samples", ()))
         return cls(Candidate.from_dict(d["candidate"]), tuple(d["tokens"]), tuple(d["seconds"]), d["prompts"],
-                   d["reps"], d["new_tokens"], tuple(d.get("rounds", ())))
+                   d["reps"], d["new_tokens"], tuple(d.get("rounds", ())), samples)
 
 
 MAX_CHECK_REPS = 15  # the most repetitions `check_reps` asks for
@@ -153,7 +177,7 @@ def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, pro
         rep += 1
     seconds = tuple(sum(Timing(tuple(s)).median for s in by_prompt) for by_prompt in samples)
     return HeldoutCheck(loaded.candidate, tuple(sum(t) for t in tokens), seconds, len(ids), reps, new_tokens,
-                        tuple(sum(r) for r in rounds))
+                        tuple(sum(r) for r in rounds), tuple(tuple(tuple(s) for s in by) for by in samples))
 
 
 @dataclass(frozen=True)
@@ -172,6 +196,7 @@ class CandidateScore:
     measured_speedup: float
     predicted_tokens: float | None = None
     measured_tokens: float | None = None
+    loss_floor: float | None = None
 
     @property
     def within_one(self) -> bool:
@@ -185,7 +210,8 @@ class CandidateScore:
         return {"name": self.name, "k_hat": self.k_hat, "k_best": self.k_best, "within_one": self.within_one,
                 "throughput_lost": self.throughput_lost, "predicted_speedup": self.predicted_speedup,
                 "measured_speedup": self.measured_speedup, "speedup_error": self.speedup_error,
-                "predicted_tokens": self.predicted_tokens, "measured_tokens": self.measured_tokens}
+                "predicted_tokens": self.predicted_tokens, "measured_tokens": self.measured_tokens,
+                "loss_floor": self.loss_floor}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CandidateScore":
@@ -228,7 +254,7 @@ def score_one(prediction: CandidatePrediction, check: HeldoutCheck) -> Candidate
     k, T, best = prediction.answer.k_star, check.throughput, check.best_k
     measured = check.tokens_per_round[best] if check.rounds else None
     return CandidateScore(prediction.name, k, best, 1 - T[k] / T[best], prediction.speedup_at(k), check.speedup[k],
-                          float(prediction.answer.expected[best]), measured)
+                          float(prediction.answer.expected[best]), measured, check.loss_floor())
 
 
 def score_candidates(predictions: Sequence[CandidatePrediction], checks: Sequence[HeldoutCheck]) -> CandidatesScore:

@@ -90,9 +90,11 @@ def score_lines(score: dict[str, Any]) -> list[str]:
     err = max(abs(x["speedup_error"]) for x in s)
     named = score["named"] or "decode plainly"
     best = score["measured_best"] or "plain decoding"
+    floors = [x["loss_floor"] for x in s if x.get("loss_floor") is not None]
+    floor = f", the check's own noise charging its measured best k up to {max(floors):.1%}" if floors else ""
     return [f"Checked on the held-out prompts (out of sample), moespec's engine at every fixed k: k̂* within one of "
             f"the measured best for {within} of {len(s)} candidates; throughput lost at k̂* at most {lost:.1%} "
-            f"(goal {LOST_GOAL:.0%}); predicted speedup off by at most {err:.1%} (goal {SPEEDUP_GOAL:.0%}). "
+            f"(goal {LOST_GOAL:.0%}{floor}); predicted speedup off by at most {err:.1%} (goal {SPEEDUP_GOAL:.0%}). "
             f"The answer named {named} ({score['named_speedup']:.2f}x measured at its best k); {best} measured "
             f"best ({score['measured_best_speedup']:.2f}x): {'within' if score['named_ok'] else 'more than'} 2% "
             "(goal: within 2%)."] + moved_lines(s)
