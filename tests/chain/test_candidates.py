@@ -7,9 +7,11 @@ from fractions import Fraction as F
 import pytest
 import torch
 
+import moespec.chain.candidate_check as candidate_check
 import moespec.engine.decode as decode
 from moespec.backends.table_model import TableLM
 from moespec.bench.candidate import CandidateAcceptance, DraftCost
+from moespec.bench.prefilled import PrefilledTarget
 from moespec.chain.candidate_answer import CandidatePrediction, answer_for, lookup_lines, predict_candidate
 from moespec.chain.candidate_check import (
     MAX_CHECK_REPS,
@@ -301,6 +303,8 @@ def test_check_heldout_on_a_fake_clock(monkeypatch):
         return extend(tokens, outputs)
 
     monkeypatch.setattr(target, "extend", timed)
+    made = []
+    monkeypatch.setattr(candidate_check, "PrefilledTarget", lambda *a, **kw: made.append(a) or PrefilledTarget(*a, **kw))
     check = check_heldout(target, None, Candidate("oracle", acceptance=1.0), [[1, 2, 3, 4, 5], [7, 8, 9]], kmax=3,
                           new_tokens=13, reps=2)
     assert check.tokens == (26,) * 4 and check.seconds == (30, 20, 16, 14)
@@ -311,6 +315,9 @@ def test_check_heldout_on_a_fake_clock(monkeypatch):
     assert check.rounds == (26, 14, 10, 8) and check.tokens_per_round == (1, 26 / 14, 2.6, 3.25)
     assert check.samples == (((15, 15), (15, 15)), ((10, 10), (10, 10)), ((8, 8), (8, 8)), ((7, 7), (7, 7)))
     assert check.loss_floor() == 0  # every repetition alike: the measured best k loses nothing on a resample
+    # each repetition runs every k on a prompt before the next: the warm-up's prefill of prompt 0 serves the
+    # first repetition's prompt 0, then one prefill per prompt and repetition (k outermost made 16)
+    assert len(made) == 4
     assert HeldoutCheck.from_dict(check.to_dict()) == check
     # plain decoding of the two prompts lasts 30 s a repetition: 100 s in all asks for 4 repetitions
     longer = check_heldout(target, None, Candidate("oracle", acceptance=1.0), [[1, 2, 3, 4, 5], [7, 8, 9]], kmax=3,

@@ -139,11 +139,12 @@ def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, pro
     more where plain decoding of the prompts would last less than `min_seconds` in all (`check_reps`).
 
     Every run has a fresh proposer (an n-gram pool of its prompt alone, as the calibration's and as
-    llama-speculative-simple starts each prompt, `chain.candidate_llama`); k runs ascending in even reps and descending in odd ones, so that drift on a shared
-    machine spreads over every k. `warmup` untimed passes over the first prompt at each k come first.
-    Neither model's prefill is timed (`PrefilledTarget`, `PrefilledDraft`). The target holds one prompt's
-    prefill at a time (a llama.cpp model is one cache: prefilled for every prompt at once, each prompt but
-    the last decoded on the last one's cache), made again, untimed, when the next run is on another prompt.
+    llama-speculative-simple starts each prompt, `chain.candidate_llama`). A repetition runs every k on one
+    prompt before the next prompt, ascending in even reps and descending in odd ones: the runs a speedup
+    compares lie seconds apart, and drift on a shared machine spreads over every k. `warmup` untimed
+    passes over the first prompt at each k come first. Neither model's prefill is timed (`PrefilledTarget`,
+    `PrefilledDraft`). The target holds one prompt's prefill at a time (a llama.cpp model is one cache),
+    made again, untimed, when the next run is on another prompt: once per prompt and repetition.
     """
     if reps < 1 or warmup < 0 or kmax < 1:
         raise ValueError(f"need reps >= 1 (got {reps}), warmup >= 0 (got {warmup}) and kmax >= 1 (got {kmax})")
@@ -167,8 +168,8 @@ def check_heldout(target, tokenizer, candidate: Candidate | LoadedCandidate, pro
     rounds = [[0] * len(ids) for _ in range(kmax + 1)]
     rep = 0
     while rep < reps:
-        for k in (range(kmax + 1) if rep % 2 == 0 else range(kmax, -1, -1)):
-            for i in range(len(ids)):
+        for i in range(len(ids)):
+            for k in (range(kmax + 1) if rep % 2 == 0 else range(kmax, -1, -1)):
                 stats = run(i, k, untimed_prefill(loaded.proposer(k)) if k else None)
                 samples[k][i].append(stats.total_s)
                 tokens[k][i], rounds[k][i] = stats.new_tokens, stats.rounds
