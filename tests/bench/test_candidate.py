@@ -274,3 +274,24 @@ def test_a_fresh_proposer_per_prompt_keeps_one_prompts_text_out_of_the_next_ones
     assert shared.by_prompt[0].accepted == first.accepted  # the first prompt meets an empty pool either way
     assert sum(shared.by_prompt[1].accepted) > sum(first.accepted)
     assert fresh.candidate == shared.candidate and fresh.candidate["proposer"] == "NgramMod"
+
+
+def test_each_draft_length_is_counted_from_a_run_at_it():
+    """With `at_k`, the prompts are decoded at every k = 1..kmax: the counts at k are exactly those a
+    calibration at kmax = k counts, and the last are the run at kmax's; the record round-trips."""
+    from moespec.engine.proposers import PromptLookup
+
+    target = TableLM(V, seed=2)
+    prompts = [torch.randint(0, 6, (12,), generator=torch.Generator().manual_seed(s)).tolist() for s in range(3)]
+    kw = dict(max_new_tokens=40)
+    got = measure_acceptance(target, lambda: PromptLookup(2), prompts, kmax=3, at_k=lambda k: PromptLookup(2), **kw)
+    assert len(got.at_k) == 3 and got.at_k[-1] == got.acceptance
+    assert [len(row) for row in got.at_k_by_prompt] == [3, 3, 3]
+    for k in (1, 2):
+        alone = measure_acceptance(target, lambda: PromptLookup(2), prompts, kmax=k, **kw)
+        assert got.at_k[k - 1] == alone.acceptance and got.at_k[k - 1].kmax == k
+        assert [(p.at_risk, p.accepted) for p in got.at_k_by_prompt[k - 1]] == \
+            [(p.at_risk, p.accepted) for p in alone.by_prompt]
+    assert sum(got.at_k[0].at_risk) != got.acceptance.at_risk[0]  # a run at k = 1 has rounds of its own
+    assert CandidateAcceptance.from_dict(got.to_dict()) == got
+    assert measure_acceptance(target, lambda: PromptLookup(2), prompts, kmax=3, **kw).at_k == ()

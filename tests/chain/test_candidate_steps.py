@@ -207,6 +207,17 @@ def test_passes_timed_at_another_depth_are_timed_again(tmp_path):
         assert (tmp_path / "candidate-passes.json").exists() == kept
 
 
+def test_a_calibration_without_runs_at_each_k_is_made_again(tmp_path):
+    lookup = Candidate("prompt-lookup", n=2)
+    acceptance = {"at_risk": [1], "accepted": [1]}
+    for at_k, kept in (([], False), ([acceptance], True)):
+        artifacts.write(tmp_path / "candidate-0-calibration.json", "candidate-calibration",
+                        {"candidate": lookup.to_dict(), "measured": {"acceptance": acceptance, "at_k": at_k},
+                         "settings": KNOBS})
+        drop_changed(tmp_path, (lookup.to_dict(),), KNOBS, None, lambda _: None)
+        assert (tmp_path / "candidate-0-calibration.json").exists() == kept
+
+
 def test_the_batch_answer_reads_a_draft_models_stored_h_B(tmp_path):
     from tests.chain.test_candidate_batch import CHEAP_AT_4, DRAFT, LOOKUP, TIMED
 

@@ -170,6 +170,23 @@ def test_a_lookup_that_drafts_in_some_rounds_is_priced_at_its_expected_pass():
     assert q.answer.k_star == 2 and q.answer.speedup == pytest.approx(15 / 8 / (19 / 16), rel=1e-12)
 
 
+def test_each_k_is_priced_and_counted_from_the_run_at_it():
+    # the lookup above at kmax = 2 (s = 1/2, 1/4; alpha = 3/8, 1/3; tau(1..3) = 1, 2, 3): decode plainly.
+    # Its run at k = 1 proposed in 6 of 8 rounds and had 5 accepted: s_1 = 3/4, alpha_1 = 5/8, so
+    # V(1) = 1 + 3/4 = 7/4 and E(1) = 13/8: E/V = 13/14 at k = 1 (the run at kmax read 11/12); k = 2 as before
+    cal = calibration(Candidate("prompt-lookup", n=2), (8, 3), (3, 1), (0, 0, 0), (0, 0, 0))
+    acc = replace(cal.measured.acceptance, offered=(8, 8), drafted=(4, 2))
+    one = PositionalAcceptance((8,), (5,), offered=(8,), drafted=(6,))
+    cal = replace(cal, measured=replace(cal.measured, acceptance=acc, at_k=(one, acc)))
+    p = predict_candidate(payload([1, 2, 3]), cal)
+    assert p.answer.step_times == (1, 1.75, 1.75) and p.answer.expected == (1, F(13, 8), F(3, 2))
+    assert p.speedup_at(1) == pytest.approx(13 / 14, rel=1e-12) and p.answer.k_star == 0
+    # a better run at k = 1 (7 of 8 accepted, E(1) = 15/8 > 7/4) pays where the run at kmax said it would not
+    better = replace(cal, measured=replace(cal.measured, at_k=(replace(one, accepted=(7,)), acc)))
+    q = predict_candidate(payload([1, 2, 3]), better)
+    assert q.answer.k_star == 1 and q.answer.speedup == pytest.approx(15 / 14, rel=1e-12)
+
+
 def test_a_lookup_pays_its_drafting_and_the_rounds_overhead_only_for_what_it_proposed():
     # the lookup above (s = 1/2, 1/4; alpha = 3/8, 1/3) with a cost of 1/8, 1/4 at k = 1, 2 and the engine's
     # overhead 1/16, 1/8, 1/8 at k = 0, 1, 2: h = 1/16, 1/4, 3/8 for a round of each proposal length;

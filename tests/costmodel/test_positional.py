@@ -180,3 +180,23 @@ def test_the_band_over_prompts_by_hand():
     assert answer([1.0, 1.2, 1.5], pooled([same, same]), prompts=[same, same]).speedup_high == point.speedup_high
     with pytest.raises(ValueError, match="at least 2 prompts"):
         prompt_bootstrap_band([1, 1.5], [a])
+
+
+def test_each_k_read_from_the_run_at_it_by_hand():
+    # at kmax = 2: alpha = 1/2, 1/2, E = 1, 3/2, 7/4; V = 1, 1, 9/8: E/V = 1, 3/2, 14/9, k_hat* = 2.
+    # The run at k = 1 accepted 3 of its 4 offers: E(1) = 7/4 and E/V = 1, 7/4, 14/9: k_hat* = 1 at 7/4
+    at_kmax, at_one = PositionalAcceptance((4, 2), (2, 1)), PositionalAcceptance((4,), (3,))
+    V = [F(1), F(1), F(9, 8)]
+    assert answer(V, at_kmax).k_star == 2
+    a = answer(V, at_kmax, at_k=[at_one, at_kmax])
+    assert a.expected == (1, F(7, 4), F(7, 4)) and a.k_star == 1 and a.speedup == F(7, 4) and a.n_min == 1
+    assert a.geometric == answer(V, at_kmax).geometric  # the geometric fit stays the run at kmax's
+    # the band over prompts draws the same prompts for every k: two alike prompts give the point itself
+    both = answer(V, pooled([at_kmax, at_kmax]), prompts=[at_kmax, at_kmax],
+                  at_k=[pooled([at_one, at_one]), pooled([at_kmax, at_kmax])],
+                  at_k_prompts=[[at_one, at_one], [at_kmax, at_kmax]])
+    assert prompt_bootstrap_band([1.0, 1.0, 1.125], [at_kmax, at_kmax],
+                                 at_k_prompts=[[at_one, at_one], [at_kmax, at_kmax]]) == (1.75, 1.75)
+    assert both.k_star == 1 and both.speedup_low <= 1.75 <= both.speedup_high
+    with pytest.raises(ValueError, match="at 1 draft lengths"):
+        answer(V, at_kmax, at_k=[at_one])

@@ -152,7 +152,11 @@ def check_vocabulary(target: str | Path, draft: str | Path) -> None:
 @dataclass(frozen=True)
 class CandidateAcceptance:
     """A candidate's acceptance by position on some prompts: counts pooled over them, and how they were
-    made; by_prompt: each prompt's own counts (the answer's band resamples them), () where not kept."""
+    made; by_prompt: each prompt's own counts (the answer's band resamples them), () where not kept.
+    at_k: [kmax] the pooled counts of the runs at each draft length k = 1..kmax (at_k[k - 1], the last
+    `acceptance` itself), at_k_by_prompt: [kmax][prompts] each prompt's; () where not measured. A round
+    at k meets other contexts than one at kmax (a run at k = 1 tests a copy that holds token by token,
+    one at kmax tests it once), so E(k) is read from the run at k (`costmodel.positional.answer`)."""
 
     candidate: dict  # the proposer's identity()
     acceptance: PositionalAcceptance
@@ -162,51 +166,73 @@ class CandidateAcceptance:
     temperature: float = 0.0
     top_p: float | None = None
     by_prompt: tuple[PositionalAcceptance, ...] = ()
+    at_k: tuple[PositionalAcceptance, ...] = ()
+    at_k_by_prompt: tuple[tuple[PositionalAcceptance, ...], ...] = ()
 
     def to_dict(self) -> dict:
         return {"candidate": self.candidate, "acceptance": self.acceptance.to_dict(), "prompts": self.prompts,
                 "new_tokens": self.new_tokens, "max_new_tokens": self.max_new_tokens,
                 "temperature": self.temperature, "top_p": self.top_p,
-                "by_prompt": [{"at_risk": list(p.at_risk), "accepted": list(p.accepted)} for p in self.by_prompt]}
+                "by_prompt": [{"at_risk": list(p.at_risk), "accepted": list(p.accepted)} for p in self.by_prompt],
+                "at_k": [c.to_dict() for c in self.at_k],
+                "at_k_by_prompt": [[c.to_dict() for c in row] for row in self.at_k_by_prompt]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CandidateAcceptance":
         parts = tuple(PositionalAcceptance(tuple(p["at_risk"]), tuple(p["accepted"])) for p in d.get("by_prompt", ()))
-        return cls(**{**d, "acceptance": PositionalAcceptance.from_dict(d["acceptance"]), "by_prompt": parts})
+        at_k = tuple(PositionalAcceptance.from_dict(c) for c in d.get("at_k", ()))
+        rows = tuple(tuple(PositionalAcceptance.from_dict(c) for c in row) for row in d.get("at_k_by_prompt", ()))
+        return cls(**{**d, "acceptance": PositionalAcceptance.from_dict(d["acceptance"]), "by_prompt": parts,
+                      "at_k": at_k, "at_k_by_prompt": rows})
 
 
 def measure_acceptance(target, proposer: Proposer | Callable[[], Proposer], prompts: Sequence[Sequence[int]], *,
                        kmax: int, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float | None = None,
                        seed: int = 0, eos_token_id=None, vocab_limit: int | None = None,
-                       texts: list | None = None) -> CandidateAcceptance:
+                       texts: list | None = None, at_k: Callable[[int], Proposer] | None = None) -> CandidateAcceptance:
     """The proposer's acceptance by position at draft length kmax on `prompts` ([P_i] ids each), from
     untimed `generate` calls (greedy by default; temperature/top-p otherwise, prompt i seeded seed + i),
     with the rounds that offered each position and those whose proposal reached it (s_j).
     proposer: one Proposer for every prompt (an n-gram pool then carries across them), or a function
     that makes a fresh one for each prompt.
-    texts: a list that receives (prompt, its continuation) per prompt (`draft_confidence` reads them)."""
+    texts: a list that receives (prompt, its continuation) per prompt (`draft_confidence` reads them).
+    at_k: a function making a fresh proposer at draft length k: the prompts are decoded at every
+    k = 1..kmax - 1 as well, each run counted (`CandidateAcceptance.at_k`)."""
     if kmax < 1:
         raise ValueError(f"kmax = {kmax}: the acceptance by position needs a draft length >= 1")
     if not prompts:
         raise ValueError("no prompts to measure the acceptance on; give at least one")
     fresh = proposer if callable(proposer) and not hasattr(proposer, "propose") else lambda: proposer
-    parts, new_tokens = [], 0
-    for i, prompt in enumerate(prompts):
-        draft = fresh()
-        out = generate(target, prompt, draft=draft, k=kmax, max_new_tokens=max_new_tokens, temperature=temperature,
-                       top_p=top_p, seed=seed + i, eos_token_id=eos_token_id, vocab_limit=vocab_limit)
-        s = out.stats
-        if texts is not None:
-            texts.append((list(prompt), list(out.tokens)))
-        rounds = dict(max_new_tokens=max_new_tokens, kmax=kmax)
-        parts.append(PositionalAcceptance(*counts_from_rounds(s.tokens_per_round, s.k_per_round, **rounds),
-                                          offered=offered_from_rounds(s.k_per_round, s.tokens_per_round, **rounds),
-                                          drafted=tuple(s.drafted_by_position[:kmax])))
-        new_tokens += s.new_tokens
+    run = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+               eos_token_id=eos_token_id, vocab_limit=vocab_limit)
+    parts, new_tokens, draft = decoded_counts(target, fresh, prompts, k=kmax, texts=texts, **run)
+    rows = [decoded_counts(target, lambda k=k: at_k(k), prompts, k=k, **run)[0] for k in range(1, kmax)] + [parts] \
+        if at_k is not None else []
     return CandidateAcceptance(candidate=draft.identity() or {"proposer": type(draft).__name__},
                                acceptance=pooled(parts), prompts=len(prompts), new_tokens=new_tokens,
                                max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                               by_prompt=tuple(PositionalAcceptance(p.at_risk, p.accepted) for p in parts))
+                               by_prompt=tuple(PositionalAcceptance(p.at_risk, p.accepted) for p in parts),
+                               at_k=tuple(pooled(row) for row in rows), at_k_by_prompt=tuple(map(tuple, rows)))
+
+
+def decoded_counts(target, fresh: Callable[[], Proposer], prompts: Sequence[Sequence[int]], *, k: int,
+                   max_new_tokens: int, seed: int, texts: list | None = None,
+                   **sampling) -> tuple[list[PositionalAcceptance], int, Proposer]:
+    """([prompts] each prompt's counts at draft length k, new tokens in all, the last proposer) from an
+    untimed `generate` call per prompt at k, a fresh proposer each, prompt i seeded seed + i."""
+    parts, new_tokens, draft = [], 0, None
+    for i, prompt in enumerate(prompts):
+        draft = fresh()
+        out = generate(target, prompt, draft=draft, k=k, max_new_tokens=max_new_tokens, seed=seed + i, **sampling)
+        s = out.stats
+        if texts is not None:
+            texts.append((list(prompt), list(out.tokens)))
+        rounds = dict(max_new_tokens=max_new_tokens, kmax=k)
+        parts.append(PositionalAcceptance(*counts_from_rounds(s.tokens_per_round, s.k_per_round, **rounds),
+                                          offered=offered_from_rounds(s.k_per_round, s.tokens_per_round, **rounds),
+                                          drafted=tuple(s.drafted_by_position[:k])))
+        new_tokens += s.new_tokens
+    return parts, new_tokens, draft
 
 
 def draft_confidence(draft, texts: Sequence[tuple[Sequence[int], Sequence[int]]],

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from moespec.chain.candidates import DRAFT, LOOKUP, NGRAM_MOD, NGRAM_SIMPLE, Candidate, CandidateCalibration
 from moespec.chain.prediction import KIND, payload_of
-from moespec.bench.candidate import expected_draft_cost
+from moespec.bench.candidate import CandidateAcceptance, expected_draft_cost
 from moespec.bench.target_passes import TargetPasses
 from moespec.costmodel.confidence import calibrated_p_min
 from moespec.costmodel.positional import (
@@ -217,18 +217,19 @@ def priced_answer(got: PredictedPasses, calibration: CandidateCalibration, extra
                   passes: TargetPasses | None) -> tuple[list, PositionalAnswer]:
     """(ĥ, the answer) with extra[k] the time a round at k that proposed k tokens adds to its pass
     (`predict_candidate`): ĥ(k) weighted by the shares of the rounds' proposal lengths."""
-    kmax, acceptance = calibration.kmax, calibration.measured.acceptance
-    h = [float(x) for x in expected_pass_times(extra, acceptance.draft_share)]  # a round pays for what it proposed
+    kmax, measured = calibration.kmax, calibration.measured
+    shares = draft_shares(measured, kmax)
+    h = [float(x) for x in by_k(expected_pass_times, [extra], shares)]  # a round pays for what it proposed
     if passes is None:
-        step_times = draft_step_times([float(t) for t in expected_pass_times(got.tau, acceptance.draft_share)], h)
+        step_times = draft_step_times([float(t) for t in by_k(expected_pass_times, [got.tau], shares)], h)
     else:
         if passes.kmax < kmax:
             raise ValueError(f"the target's passes were timed to n = {passes.kmax + 1}, and k = {kmax} drafts need "
                              f"n = {kmax + 1}; time them again with kmax >= {kmax}")
-        step_times = steady_round_times(passes.warm[: kmax + 1], passes.cold[: kmax + 1], passes.plain, extra,
-                                        acceptance.draft_share)
-    ans = answer(step_times, acceptance, delta=got.delta if got.delta < 1 else 0,
-                 prompts=calibration.measured.by_prompt)
+        step_times = by_k(lambda warm, cold, x, share: steady_round_times(warm, cold, passes.plain, x, share),
+                          [passes.warm, passes.cold, extra], shares)
+    ans = answer(step_times, measured.acceptance, delta=got.delta if got.delta < 1 else 0,
+                 prompts=measured.by_prompt, at_k=measured.at_k, at_k_prompts=measured.at_k_by_prompt)
     if got.delta >= 1:
         ans = replace(ans, speedup_low=0.0, speedup_high=math.inf)
     ans = restricted(ans, calibration.candidate.min_k)
@@ -236,6 +237,18 @@ def priced_answer(got: PredictedPasses, calibration: CandidateCalibration, extra
         p_min = calibrated_p_min(*calibration.confidence, float(ans.p_min))
         ans = ans if p_min is None else replace(ans, p_min=p_min)
     return h, ans
+
+
+def draft_shares(measured: CandidateAcceptance, kmax: int) -> list:
+    """[kmax + 1] the draft shares s_1..s_k a round at k is priced with: the run at k's own where it was
+    measured (`CandidateAcceptance.at_k`), else the run at kmax's."""
+    return [(measured.at_k[k - 1] if measured.at_k else measured.acceptance).draft_share[:k] for k in range(kmax + 1)]
+
+
+def by_k(price, series: Sequence[Sequence], shares: Sequence[Sequence]) -> list:
+    """[kmax + 1] entry k of `price(*[x[: k + 1] for x in series], shares[k])`: a round at k priced at the
+    draft shares of the run at k (`positional.expected_pass_times`, `positional.steady_round_times`)."""
+    return [price(*[x[: k + 1] for x in series], share)[k] for k, share in enumerate(shares)]
 
 
 def lookup_lines(predictions: Sequence[CandidatePrediction]) -> list[CandidatePrediction]:

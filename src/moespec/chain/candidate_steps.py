@@ -263,7 +263,8 @@ def drop_changed(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any]
             continue
         got = artifacts.load(path, kind)["payload"]
         if int(index) >= len(names) or got["candidate"]["name"] != names[int(index)] or \
-                settings_changed(got.get("settings", {}), dict(knobs)):
+                settings_changed(got.get("settings", {}), dict(knobs)) or \
+                (kind == run_files.CALIBRATION_KIND and not got["measured"].get("at_k")):  # before runs at each k
             echo(f"[candidates] {path.name} was made for another candidate or settings; making it again")
             path.unlink()
     passes = p(run_files.PASSES)

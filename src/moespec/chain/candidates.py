@@ -200,9 +200,9 @@ def calibrate(target, tokenizer, candidate: Candidate | LoadedCandidate, prompts
               new_tokens: int, temperature: float = 0.0, top_p: float | None = None, seed: int = 0,
               cost_reps: int = 20, load: Callable[[str], tuple] | None = None) -> CandidateCalibration:
     """The candidate on the calibration half `prompts` (ids, texts or chats): its acceptance by
-    position from untimed decoding at kmax (`bench.candidate.measure_acceptance`, a fresh proposer for
-    each prompt: an n-gram pool holds that prompt alone, as llama-speculative-simple and a server's first
-    request meet it) and h(k) timed at the depth of the first prompt
+    position from untimed decoding at kmax and at every k below it (`bench.candidate.measure_acceptance`,
+    a fresh proposer for each prompt: an n-gram pool holds that prompt alone, as llama-speculative-simple
+    and a server's first request meet it) and h(k) timed at the depth of the first prompt
     (`bench.candidate.measure_draft_cost`, `cost_reps` timings per k; a draft model's rounds each after
     the target's pass, as in decoding). Never given the held-out half."""
     loaded = load_candidate(candidate, tokenizer=tokenizer, load=load)
@@ -210,7 +210,8 @@ def calibrate(target, tokenizer, candidate: Candidate | LoadedCandidate, prompts
     limit = vocab_limit(tokenizer)
     texts = [] if loaded.candidate.kind == DRAFT and temperature == 0 else None
     measured = measure_acceptance(target, lambda: loaded.proposer(kmax), ids, kmax=kmax, max_new_tokens=new_tokens,
-                                  temperature=temperature, top_p=top_p, seed=seed, vocab_limit=limit, texts=texts)
+                                  temperature=temperature, top_p=top_p, seed=seed, vocab_limit=limit, texts=texts,
+                                  at_k=loaded.proposer)
     confidence = None
     if texts is not None:
         probability, accepted = draft_confidence(loaded.model, texts, vocab_limit=limit)

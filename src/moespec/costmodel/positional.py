@@ -326,29 +326,51 @@ BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 2000, 0  # prompt resamples of the band; a fix
 
 
 def prompt_bootstrap_band(V: Sequence, prompts: Sequence[PositionalAcceptance], *, level: float = 0.95,
-                          draws: int = BOOTSTRAP_DRAWS, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+                          draws: int = BOOTSTRAP_DRAWS, seed: int = BOOTSTRAP_SEED,
+                          at_k_prompts: Sequence[Sequence[PositionalAcceptance]] = ()) -> tuple[float, float]:
     """The central `level` percentile band of max_k E(k) V(0)/V(k) over `draws` resamples of the
     prompts with replacement, each resample's counts pooled before its alphas are taken (a cluster
-    bootstrap: the prompt, not the round, is the unit drawn). V: [kmax + 1]; prompts: per-prompt counts."""
+    bootstrap: the prompt, not the round, is the unit drawn). V: [kmax + 1]; prompts: per-prompt counts;
+    at_k_prompts: [kmax][prompts] per-prompt counts of the run at each k (E(k) from the run at k), the
+    same prompts drawn for every k."""
     import numpy as np
 
     if len(prompts) < 2:
         raise ValueError(f"a bootstrap over prompts needs at least 2 prompts' counts, got {len(prompts)}")
     kmax = len(V) - 1
-    at_risk = np.array([p.at_risk[:kmax] for p in prompts], dtype=float).reshape(len(prompts), kmax)
-    accepted = np.array([p.accepted[:kmax] for p in prompts], dtype=float).reshape(len(prompts), kmax)
     picks = np.random.default_rng(seed).integers(0, len(prompts), size=(draws, len(prompts)))
-    n, a = at_risk[picks].sum(axis=1), accepted[picks].sum(axis=1)  # [draws, kmax]
-    alpha = np.divide(a, n, out=np.zeros_like(a), where=n > 0)
-    E = np.concatenate([np.ones((draws, 1)), 1 + np.cumsum(np.cumprod(alpha, axis=1), axis=1)], axis=1)
+    E = np.ones((draws, kmax + 1))
+    for k in range(1, kmax + 1):
+        parts = at_k_prompts[k - 1] if at_k_prompts else prompts
+        at_risk = np.array([q.at_risk[:k] for q in parts], dtype=float).reshape(len(parts), k)
+        accepted = np.array([q.accepted[:k] for q in parts], dtype=float).reshape(len(parts), k)
+        n, a = at_risk[picks].sum(axis=1), accepted[picks].sum(axis=1)  # [draws, k]
+        alpha = np.divide(a, n, out=np.zeros_like(a), where=n > 0)
+        E[:, k] = 1 + np.cumprod(alpha, axis=1).sum(axis=1)
     Vf = np.array([float(v) for v in V])
     best = (E * Vf[0] / Vf).max(axis=1)  # [draws] the best speedup of each resample
     tail = (1 - level) / 2
     return float(np.quantile(best, tail)), float(np.quantile(best, 1 - tail))
 
 
+def expected_by_k(acceptance: PositionalAcceptance, kmax: int, at_k: Sequence[PositionalAcceptance] = (),
+                  exact: bool = True) -> tuple[list, list, list]:
+    """([kmax + 1] E(k), and E(k) at the low and high ends of the alphas' Wilson intervals): from the
+    counts at kmax, or with `at_k` ([>= kmax] counts of the run at each k) from the run at k itself."""
+    rows = [at_k[k - 1] if at_k else acceptance for k in range(1, kmax + 1)]
+    point, low, high = [1], [1.0], [1.0]
+    for k, c in enumerate(rows, 1):
+        alpha = c.alpha[:k] if exact else [float(a) for a in c.alpha[:k]]
+        lows, highs = zip(*c.intervals[:k])
+        point.append(expected_tokens_positional(alpha, k))
+        low.append(float(expected_tokens_positional(lows, k)))
+        high.append(float(expected_tokens_positional(highs, k)))
+    return point, low, high
+
+
 def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
-           prompts: Sequence[PositionalAcceptance] = ()) -> PositionalAnswer:
+           prompts: Sequence[PositionalAcceptance] = (), at_k: Sequence[PositionalAcceptance] = (),
+           at_k_prompts: Sequence[Sequence[PositionalAcceptance]] = ()) -> PositionalAnswer:
     """k_hat*, its speedup and its band for one candidate, from V_hat(0..kmax) and its positional counts.
 
     The band holds the true best speedup T(k*)/T(0) when every alpha_j lies in its interval and every
@@ -358,28 +380,29 @@ def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
     prompts: the counts of each prompt (>= 2) whose pool is `acceptance`: the band then also spans
     `prompt_bootstrap_band`'s (the wider of the two ends each side), for the acceptance moves from one
     prompt to the next more than independent rounds would.
+    at_k, at_k_prompts: the counts of the runs at each k = 1..kmax, pooled and per prompt
+    (`bench.candidate.CandidateAcceptance.at_k`): E(k) and its band from the run at k itself.
     """
     V = check_step_times(V)
     kmax = len(V) - 1
-    if acceptance.kmax < kmax:
-        raise ValueError(f"V_hat goes to kmax = {kmax} but the acceptance was counted to {acceptance.kmax} positions")
-    alpha = acceptance.alpha[:kmax]
-    if not all(is_exact(v) for v in V):
-        alpha = [float(a) for a in alpha]
-    k_star = best_draft_length_positional(V, alpha)
+    if acceptance.kmax < kmax or (at_k and len(at_k) < kmax):
+        raise ValueError(f"V_hat goes to kmax = {kmax} but the acceptance was counted to {acceptance.kmax} positions"
+                         f"{f' and at {len(at_k)} draft lengths' if at_k else ''}")
+    exact = all(is_exact(v) for v in V)
+    E, E_low, E_high = expected_by_k(acceptance, kmax, at_k, exact)
+    r = [exact_div(e, v) for e, v in zip(E, V)]
+    k_star = r.index(max(r))
     shrink, grow = speedup_bounds(delta)
-    lows, highs = zip(*acceptance.intervals[:kmax]) if kmax else ((), ())
     Vf = [float(v) for v in V]
-    a = acceptance.geometric if all(is_exact(v) for v in V) else float(acceptance.geometric)
-    low, high = float(best_speedup(Vf, lows)), float(best_speedup(Vf, highs))
+    a = acceptance.geometric if exact else float(acceptance.geometric)
+    low, high = (max(e * Vf[0] / v for e, v in zip(Es, Vf)) for Es in (E_low, E_high))
     if len(prompts) >= 2:
-        boot_low, boot_high = prompt_bootstrap_band(Vf, prompts)
+        boot_low, boot_high = prompt_bootstrap_band(Vf, prompts, at_k_prompts=at_k_prompts[:kmax] if at_k else ())
         low, high = min(low, boot_low), max(high, boot_high)
     return PositionalAnswer(
-        k_star=k_star, speedup=exact_div(expected_tokens_positional(alpha, k_star) * V[0], V[k_star]),
-        speedup_low=float(low * shrink), speedup_high=float(high * grow),
-        expected=tuple(expected_tokens_positional(alpha, k) for k in range(kmax + 1)),
+        k_star=k_star, speedup=exact_div(E[k_star] * V[0], V[k_star]),
+        speedup_low=float(low * shrink), speedup_high=float(high * grow), expected=tuple(E),
         geometric=tuple(expected_tokens_positional([a] * kmax, k) for k in range(kmax + 1)),
-        step_times=tuple(V), n_min=shortest_paying_draft_positional(V, alpha),
+        step_times=tuple(V), n_min=next((j for j in range(1, len(r)) if r[j] > r[0]), 0),
         p_min=draft_probability_floor(V) if kmax else 0,
     )
