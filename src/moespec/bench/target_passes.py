@@ -12,9 +12,10 @@ trained pair (~0.5 ms a pass) the chain's τ̂(1) was 1.02 ms, decoding paid 0.6
 
 `measure_target_passes` times what the answer for a user's draft needs: on each calibration prompt at
 the middle of the depths its answer's rounds run at (the prompt and `ahead` tokens decoded past it,
-untimed: an answer of N new tokens runs its rounds at P..P + N, and on a small model a pass of several
-tokens grows with the depth: SmolLM2-135M on llama.cpp, n = 9, 69, 76 and 83 ms at P, P + 24 and P + 48
-with n = 1 flat at 14 ms), for n = 1..kmax + 1 in rotation, a pass of n tokens right after one of another size
+untimed: an answer of N new tokens runs its rounds at P..P + N, and on a small model the passes grow
+with the depth: SmolLM2-135M on llama.cpp, 2 threads, the edit prompts, n = 9 took 101.3, 105.2 and
+108.8 ms at P, P + 24 and P + 48, n = 1 16.4, 17.1 and 18.0 ms, `benchmarks/pass_depth.py`), for
+n = 1..kmax + 1 in rotation, a pass of n tokens right after one of another size
 ("cold": the graph rebuilt) and then again ("warm": a run of rounds at one draft length, the graph
 reused), nothing run between; and a plain greedy step as the engine decodes plainly (its compiled
 loop where the backend has one). `chain.candidate_answer.predict_candidate` prices a round with these.
