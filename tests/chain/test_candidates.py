@@ -147,6 +147,11 @@ def test_predict_candidate_by_hand():
     assert '"num_speculative_tokens": 1' in p.settings["vllm"]["fragment"]
     assert "--speculative-num-steps 1" in p.settings["sglang"]["fragment"]
     assert CandidatePrediction.from_dict(p.to_dict()).answer.k_star == 1
+    failed = {"depths": [{"depth": 64, "versions": {}, "unavailable": {
+        "calibrated": {"reason": "nonpositive-time", "message": "operation times must be positive seconds"}}}]}
+    with pytest.raises(ValueError, match=r"no version at depth 64 \(calibrated: operation times must be positive.*"
+                                         r"nothing else running"):
+        predict_candidate(failed, calibration(Candidate("oracle", acceptance=0.5), (8, 4), (4, 1), (0, 0, 0), (0, 0, 0)))
     with pytest.raises(ValueError, match="reach n = 2"):  # kmax = 2 needs tau at n = 3
         predict_candidate(payload([1, 1.25]), calibration(Candidate("oracle", acceptance=0.5), (8, 4), (4, 1),
                                                           (0, 0, 0), (0, 0, 0)))

@@ -75,7 +75,10 @@ def prediction_tau(prediction: Any, *, kmax: int, version: str = "calibrated", k
         raise ValueError(f"the prediction has depths {sorted(entries)}, not {depth}; pass one of them")
     chosen = preferred_version(entry.get("versions", {}), version)
     if chosen is None:
-        raise ValueError(f"the prediction holds no version at depth {entry['depth']}; run `moespec predict` again")
+        why = "; ".join(f"{name}: {u.get('message', u.get('reason'))}" for name, u in entry.get("unavailable", {}).items())
+        raise ValueError(f"the prediction holds no version at depth {entry['depth']}{f' ({why})' if why else ''}; "
+                         "where its fits failed on noisy timings, run `moespec demo --restart` again with nothing "
+                         "else running")
     p = entry["versions"][chosen]
     if kernel not in p["tau"]:
         raise ValueError(f"kernel {kernel!r} is not in the prediction; use one of {sorted(p['tau'])}")
