@@ -27,15 +27,14 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # keep 
 from moespec import texts  # noqa: E402
 from moespec.backends.protocol import as_spec_model  # noqa: E402
 from moespec.bench.candidate import encode_prompts  # noqa: E402
-from moespec.bench.target_passes import decoded_ahead  # noqa: E402
+from moespec.bench.target_passes import prefilled_ahead  # noqa: E402
 from moespec.models import gguf, load  # noqa: E402
 
 
 def timed_passes(spec, ids: torch.Tensor, *, offsets: list[int], sizes: list[int], reps: int, limit: int) -> dict:
-    """{(offset, n): [ms]} on one prompt's text `ids` (the prompt and max(offsets) tokens past it)."""
+    """{(offset, n): [ms]} on one prompt's text `ids` (the prompt and max(offsets) tokens past it), the cache
+    holding all of it but its last token (`prefilled_ahead`)."""
     P = ids.shape[0] - max(offsets)
-    spec.reset()
-    spec.extend(ids[:-1], outputs=1)
     out: dict = {}
     for rep in range(reps):
         for off in offsets[rep % len(offsets):] + offsets[: rep % len(offsets)]:
@@ -68,7 +67,7 @@ def main() -> None:
     chats = [[{"role": "user", "content": c}] for c in texts.chat_prompts("edit")]
     got: dict = {}
     for ids in encode_prompts(tok, chats):
-        text = decoded_ahead(spec, torch.tensor(ids), max(args.offsets), limit)
+        text = prefilled_ahead(spec, torch.tensor(ids), max(args.offsets), limit)
         for key, ms in timed_passes(spec, text, offsets=args.offsets, sizes=args.sizes, reps=args.reps,
                                     limit=limit).items():
             got.setdefault(key, []).extend(ms)

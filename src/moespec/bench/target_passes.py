@@ -79,10 +79,8 @@ def measure_target_passes(target, prompts: Sequence[Sequence[int]], *, kmax: int
     step = (lambda ids: spec.extend_argmax(ids, limit)) if greedy and hasattr(spec, "extend_argmax") else spec.extend
     warm, cold, plain, depths = [[] for _ in range(kmax + 1)], [[] for _ in range(kmax + 1)], [], []
     for i, prompt in enumerate(prompts):
-        ids = decoded_ahead(spec, torch.as_tensor(list(prompt), dtype=torch.long), ahead, limit)
+        ids = prefilled_ahead(spec, torch.as_tensor(list(prompt), dtype=torch.long), ahead, limit)
         depths.append(ids.shape[0])
-        spec.reset()
-        spec.extend(ids[:-1], outputs=1)
         base = spec.length
         for rep in range(i, reps, len(prompts)):
             sizes = list(range(1, kmax + 2))
@@ -99,16 +97,19 @@ def measure_target_passes(target, prompts: Sequence[Sequence[int]], *, kmax: int
     return TargetPasses(tuple(map(median, warm)), tuple(map(median, cold)), median(plain), reps, tuple(depths), ahead)
 
 
-def decoded_ahead(spec, ids: torch.Tensor, ahead: int, limit: int) -> torch.Tensor:
-    """The prompt `ids` [P] and `ahead` tokens after it, each the target's greedy choice (untimed); [P + ahead]."""
-    if ahead == 0:
-        return ids
+def prefilled_ahead(spec, ids: torch.Tensor, ahead: int, limit: int) -> torch.Tensor:
+    """The prompt `ids` [P] and `ahead` tokens after it, each the target's greedy choice (untimed), [P + ahead];
+    the cache left holding all of that text but its last token (a verify pass feeds it first)."""
     spec.reset()
+    if ahead == 0:
+        spec.extend(ids[:-1], outputs=1)
+        return ids
     row = spec.extend(ids, outputs=1)
     out = ids.tolist()
-    for _ in range(ahead):
+    for i in range(ahead):
         out.append(int(row[-1, :limit].argmax()))
-        row = spec.extend(torch.tensor(out[-1:]), outputs=1)
+        if i < ahead - 1:
+            row = spec.extend(torch.tensor(out[-1:]), outputs=1)
     return torch.tensor(out, dtype=torch.long)
 
 

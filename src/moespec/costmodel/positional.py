@@ -265,17 +265,24 @@ def ratios(V: Sequence, alpha: Sequence) -> list:
     return [exact_div(expected_tokens_positional(alpha, k), v) for k, v in enumerate(V)]
 
 
+def best_of(r: Sequence) -> int:
+    """k_hat* = the smallest k in 0..kmax maximizing r(k) = E(k)/V(k)."""
+    return list(r).index(max(r))
+
+
+def shortest_paying(r: Sequence) -> int:
+    """n-min: the shortest j >= 1 with r(j) = E(j)/V(j) > r(0) = 1/V(0) (eq. (8) with E for G_a); 0 when none pays."""
+    return next((j for j in range(1, len(r)) if r[j] > r[0]), 0)
+
+
 def best_draft_length_positional(V: Sequence, alpha: Sequence) -> int:
     """k_hat* = the smallest k in 0..kmax maximizing E(k)/V(k)."""
-    r = ratios(V, alpha)
-    best = max(r)
-    return r.index(best)
+    return best_of(ratios(V, alpha))
 
 
 def shortest_paying_draft_positional(V: Sequence, alpha: Sequence) -> int:
     """n-min: the shortest j >= 1 with E(j)/V(j) > 1/V(0) (eq. (8) with E for G_a); 0 when none pays."""
-    r = ratios(V, alpha)
-    return next((j for j in range(1, len(r)) if r[j] > r[0]), 0)
+    return shortest_paying(ratios(V, alpha))
 
 
 def plain(x):
@@ -314,12 +321,6 @@ class PositionalAnswer:
     def from_dict(cls, d: dict) -> "PositionalAnswer":
         names = cls.__dataclass_fields__.keys()
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names})
-
-
-def best_speedup(V: Sequence, alpha: Sequence):
-    """max_k E(k) V(0)/V(k): the best speedup the model predicts at these alphas."""
-    r = ratios(V, alpha)
-    return exact_div(max(r), r[0])
 
 
 BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 2000, 0  # prompt resamples of the band; a fixed seed: the same band each run
@@ -391,7 +392,7 @@ def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
     exact = all(is_exact(v) for v in V)
     E, E_low, E_high = expected_by_k(acceptance, kmax, at_k, exact)
     r = [exact_div(e, v) for e, v in zip(E, V)]
-    k_star = r.index(max(r))
+    k_star = best_of(r)
     shrink, grow = speedup_bounds(delta)
     Vf = [float(v) for v in V]
     a = acceptance.geometric if exact else float(acceptance.geometric)
@@ -403,6 +404,6 @@ def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
         k_star=k_star, speedup=exact_div(E[k_star] * V[0], V[k_star]),
         speedup_low=float(low * shrink), speedup_high=float(high * grow), expected=tuple(E),
         geometric=tuple(expected_tokens_positional([a] * kmax, k) for k in range(kmax + 1)),
-        step_times=tuple(V), n_min=next((j for j in range(1, len(r)) if r[j] > r[0]), 0),
+        step_times=tuple(V), n_min=shortest_paying(r),
         p_min=draft_probability_floor(V) if kmax else 0,
     )
