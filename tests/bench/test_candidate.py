@@ -14,7 +14,6 @@ import moespec.bench.timing as timing
 from moespec.backends.table_model import TableLM
 from moespec.bench.candidate import (
     CandidateAcceptance,
-    candidate_answer,
     DraftCost,
     check_draft_file,
     check_vocabulary,
@@ -111,24 +110,12 @@ def test_expected_draft_cost_by_hand():
     cost = DraftCost(plain=(0, F(1), F(2)), catch_up=(0, F(3), F(5)), reps=1, context_tokens=2)
     # P(1) = 1/2, P(2) = 1/2 * 1/4: h(1) = 1/2*1 + 1/2*3 = 2, h(2) = 7/8*2 + 1/8*5 = 19/8
     assert expected_draft_cost(cost, [F(1, 2), F(1, 4)]) == [0, 2, F(19, 8)]
-
-
-def test_candidate_answer_by_hand():
-    # alpha = 1/2, 1/2; h(1) = 1/2*1/10 + 1/2*2/10 = 3/20, h(2) = 3/4*2/10 + 1/4*3/10 = 9/40; tau = 1:
-    # V = 1, 23/20, 49/40; E = 1, 3/2, 7/4; E/V = 1, 30/23, 10/7: k_hat* = 2 at 10/7
-    cost = DraftCost(plain=(0, F(1, 10), F(2, 10)), catch_up=(0, F(2, 10), F(3, 10)), reps=1, context_tokens=2)
-    measured = CandidateAcceptance(candidate={}, acceptance=PositionalAcceptance((4, 2), (2, 1)), prompts=1,
-                                   new_tokens=6, max_new_tokens=6)
-    a = candidate_answer([1, 1, 1], cost, measured)
-    assert a.step_times == (1, F(23, 20), F(49, 40)) and a.k_star == 2 and a.speedup == F(10, 7)
-    # a lookup that proposed in half the rounds it was offered, a quarter reaching position 2: it pays
-    # the drafting it did, h_bar = 0, 1/2 * 3/20 = 3/40, 3/40 + 1/4 * 3/40 = 3/32 (and tau_bar = 1)
-    short = CandidateAcceptance(candidate={}, acceptance=PositionalAcceptance((4, 2), (2, 1), offered=(8, 8),
-                                                                              drafted=(4, 2)),
-                                prompts=1, new_tokens=6, max_new_tokens=6)
-    assert candidate_answer([1, 1, 1], cost, short).step_times == (1, 1 + F(3, 40), 1 + F(3, 32))
-    with pytest.raises(ValueError, match="same kmax"):
-        candidate_answer([1, 1], cost, measured)
+    # from the runs at each k: the run at k = 1 accepted 3 of 4 (P(1) = 3/4: h(1) = 1/4*1 + 3/4*3 = 5/2), the
+    # run at k = 2 alpha = 1/2, 1/2 (P(2) = 1/4: h(2) = 3/4*2 + 1/4*5 = 11/4); the alphas at kmax unread
+    runs = (PositionalAcceptance((4,), (3,)), PositionalAcceptance((4, 2), (2, 1)))
+    assert expected_draft_cost(cost, [F(1, 2), F(1, 4)], runs) == [0, F(5, 2), F(11, 4)]
+    with pytest.raises(ValueError, match="1 runs at each k"):
+        expected_draft_cost(cost, [F(1, 2), F(1, 4)], runs[:1])
 
 
 def test_prompts_file_lines_and_chats(tmp_path):

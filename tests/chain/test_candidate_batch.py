@@ -68,6 +68,25 @@ def test_a_draft_model_schedule_by_hand_from_its_timed_h_B():
     assert '"num_speculative_tokens_per_batch_size": [[1, 3, 2], [4, 4, 1]]' in vllm["fragment"]
 
 
+def test_the_schedule_reads_each_k_from_the_run_at_it():
+    # the draft above, its run at k = 1 accepting 6 of 8 (alpha_1 = 3/4, E(1) = 7/4, P(1) = 3/4); the run at
+    # k = 2 is the one at kmax. B = 1: h(1) = 1/4*0.1 + 3/4*0.2 = 0.175, V_c(1) = 1.275, speedup 1.75/1.275
+    # = 1.373 > 1.228 at k = 2: k = 1, where the run at kmax said 2. B = 4: h(1) = 1/4*0.2 + 3/4*0.4 = 0.35,
+    # V_c(1) = 2.55, speedup 3.5/2.55 = 1.373: k = 1
+    from dataclasses import replace
+
+    from moespec.costmodel.positional import PositionalAcceptance
+
+    acc = DRAFT.measured.acceptance
+    runs = replace(DRAFT, measured=replace(DRAFT.measured, at_k=(PositionalAcceptance((8,), (6,)), acc)))
+    got = candidate_schedule(CHEAP_AT_4, runs, batch_cost=TIMED)
+    one, four = got["B"]["1"], got["B"]["4"]
+    assert one["h"] == pytest.approx([0, 0.175, 0.225]) and one["k_star"] == 1
+    assert one["speedup"] == pytest.approx(1.75 / 1.275)
+    assert four["h"] == pytest.approx([0, 0.35, 0.65]) and four["k_star"] == 1
+    assert four["speedup"] == pytest.approx(3.5 / 2.55)
+
+
 def test_a_draft_model_schedule_stops_where_its_h_B_was_timed():
     short = BatchDraftCost({1: DraftCost((0, 0.1), (0, 0.2), reps=1, context_tokens=4)})
     got = candidate_schedule(CHEAP_AT_4, DRAFT, batch_cost=short)

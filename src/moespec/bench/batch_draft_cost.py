@@ -41,11 +41,12 @@ class BatchDraftCost:
     def kmax(self) -> int:
         return min(c.kmax for c in self.by_batch.values())
 
-    def expected(self, B: int, alpha: Sequence) -> list:
-        """ĥ_B(0..kmax): `expected_draft_cost` of batch size B at the positional acceptance `alpha`."""
+    def expected(self, B: int, alpha: Sequence, at_k: Sequence = ()) -> list:
+        """ĥ_B(0..kmax): `expected_draft_cost` of batch size B at the positional acceptance `alpha` (and
+        the runs at each k, `at_k`, where measured)."""
         if B not in self.by_batch:
             raise ValueError(f"batch size {B} was not timed (timed: {sorted(self.by_batch)}); time it first")
-        return expected_draft_cost(self.by_batch[B], alpha)
+        return expected_draft_cost(self.by_batch[B], alpha, at_k)
 
     def to_dict(self) -> dict:
         return {"by_batch": {str(B): c.to_dict() for B, c in sorted(self.by_batch.items())}, "threads": self.threads}

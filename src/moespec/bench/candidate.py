@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -28,11 +29,7 @@ from moespec.backends.llama_lib import check_gguf
 from moespec.bench import timing
 from moespec.costmodel.positional import (
     PositionalAcceptance,
-    PositionalAnswer,
-    answer,
     counts_from_rounds,
-    draft_step_times,
-    expected_pass_times,
     offered_from_rounds,
     pooled,
 )
@@ -347,29 +344,16 @@ def measure_draft_cost(proposer: Proposer, *, target, context: Sequence[int], km
     return DraftCost(plain=tuple(plain), catch_up=tuple(caught), reps=reps, context_tokens=int(context.shape[0]))
 
 
-def expected_draft_cost(cost: DraftCost, alpha: Sequence) -> list:
+def expected_draft_cost(cost: DraftCost, alpha: Sequence, at_k: Sequence = ()) -> list:
     """h_hat(k) = (1 - P(k)) plain(k) + P(k) catch_up(k), P(k) = prod_{i<=k} alpha_i the chance that the
-    previous round at k accepted all its drafts, so that this one feeds one more token. [kmax + 1]."""
-    if len(alpha) < cost.kmax:
-        raise ValueError(f"{len(alpha)} alphas for a draft cost to kmax = {cost.kmax}; give one per position")
+    previous round at k accepted all its drafts, so that this one feeds one more token. [kmax + 1].
+    at_k: [>= kmax] the counts of the runs at each k (`CandidateAcceptance.at_k`): P(k) then from the
+    run at k's own alphas, as E(k) is (`costmodel.positional.answer`)."""
+    if len(alpha) < cost.kmax or (at_k and len(at_k) < cost.kmax):
+        raise ValueError(f"{len(alpha)} alphas and {len(at_k)} runs at each k for a draft cost to kmax = "
+                         f"{cost.kmax}; give one per position")
     out, survive = [cost.plain[0]], 1
     for k in range(1, cost.kmax + 1):
-        survive = survive * alpha[k - 1]
+        survive = math.prod(at_k[k - 1].alpha[:k]) if at_k else survive * alpha[k - 1]
         out.append((1 - survive) * cost.plain[k] + survive * cost.catch_up[k])
     return out
-
-
-def candidate_answer(tau: Sequence, cost: DraftCost, measured: CandidateAcceptance, *, delta=0) -> PositionalAnswer:
-    """The answer for one candidate: V_hat(k) = tau_bar(k) + h_bar(k) (tau_bar the expected pass at the
-    measured draft shares, `positional.expected_pass_times`; h_bar the same expectation of h_hat from
-    `expected_draft_cost` at the measured alphas: a round pays the drafting of what it proposed), then
-    `positional.answer`. tau: [kmax + 1], tau[k] the target's pass of k + 1
-    tokens (the chain's calibrated version); delta: its relative step-time error bound."""
-    kmax = len(tau) - 1
-    if cost.kmax != kmax or measured.acceptance.kmax < kmax:
-        raise ValueError(f"tau_hat goes to kmax = {kmax}, the draft cost to {cost.kmax} and the acceptance to "
-                         f"{measured.acceptance.kmax}; measure all three to the same kmax")
-    alpha, share = measured.acceptance.alpha[:kmax], measured.acceptance.draft_share
-    passes = expected_pass_times(list(tau), share)
-    own = expected_pass_times(expected_draft_cost(cost, alpha), share)  # a round that proposed nothing drafted nothing
-    return answer(draft_step_times(passes, own), measured.acceptance, delta=delta, prompts=measured.by_prompt)

@@ -193,7 +193,8 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
     V̂(k) = τ̄(k) + ĥ(k): τ̄(k) the expected pass of a round at k, τ̂(1..k+1) from the prediction
     (`prediction_tau`) weighted by the shares of rounds whose proposal reached each position
     (`positional.expected_pass_times`: a lookup that finds no match verifies one token), ĥ(k) the calibration's draft
-    cost weighted by the chance a round at k accepted all (`bench.candidate.expected_draft_cost`),
+    cost weighted by the chance a round at k accepted all (`bench.candidate.expected_draft_cost`, from the
+    run at k where the calibration made one),
     plus, with `overhead`, the engine's own time per round outside the pass (the prediction's h(k)),
     both weighted by the same shares: a round whose proposal came short pays the round of its length,
     and one that proposed nothing a plain round's (the engine runs those as plain greedy steps,
@@ -207,7 +208,7 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
     and the draft's cost, without moespec's engine time, which its compiled loop does not spend."""
     got = prediction_tau(prediction, kmax=calibration.kmax, version=version, kernel=kernel, depth=depth)
     alpha = calibration.measured.acceptance.alpha[: calibration.kmax]
-    own = [float(x) for x in expected_draft_cost(calibration.cost, alpha)]
+    own = [float(x) for x in expected_draft_cost(calibration.cost, alpha, calibration.measured.at_k)]
     engine = [x + o for x, o in zip(own, got.overhead)] if overhead else own
     h, ans = priced_answer(got, calibration, engine, passes)
     llama = priced_answer(got, calibration, own, passes)[1] if overhead else None

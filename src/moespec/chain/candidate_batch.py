@@ -19,7 +19,8 @@ between the k it holds, an approximation otherwise.
 
 Each sequence accepts by the candidate's positional acceptance, independently, so a round yields
 B E(k) tokens and the speedup over plain batched decoding at B is E(k) V̂_{B,c}(0) / V̂_{B,c}(k)
-(eq. (9) per sequence, E(k) in place of G_a(k)); k̂*(B) is its smallest maximizer. A draft
+(eq. (9) per sequence, E(k) in place of G_a(k); E(k), the draft shares and the chance a round accepted
+all read from the calibration's run at k where it made one, as at B = 1: `chain.candidate_answer`); k̂*(B) is its smallest maximizer. A draft
 model whose batched rounds were not timed (a torch chain, a draft that is not a GGUF file, a run
 folder from before) gets no schedule, said in the payload, not guessed.
 """
@@ -30,8 +31,9 @@ from typing import Any, Mapping
 
 from moespec.bench.batch_draft_cost import BatchDraftCost
 from moespec.bench.candidate import expected_draft_cost
+from moespec.chain.candidate_answer import by_k, draft_shares
 from moespec.chain.candidates import DRAFT, CandidateCalibration
-from moespec.costmodel.positional import expected_pass_times, expected_tokens_positional
+from moespec.costmodel.positional import expected_by_k, expected_pass_times
 from moespec.costmodel.settings import vllm_batch_settings
 
 BATCH_VERSION = "prediction"  # the batch prediction's model version (the other, "timed", reads measured passes)
@@ -53,19 +55,19 @@ def candidate_schedule(batch_prediction: Mapping[str, Any], calibration: Candida
     if not by_batch:
         return {"unavailable": f"the batch prediction has no {version!r} version"}
     kmax = min(int(batch_prediction["max_k"]), calibration.kmax, batch_cost.kmax if batch_cost else calibration.kmax)
-    alpha = calibration.measured.acceptance.alpha[:calibration.kmax]
     own = draft_costs(calibration, batch_cost, [int(B) for B in by_batch])
     if not own:
         return {"unavailable": f"the draft model was timed at batch sizes {sorted(batch_cost.by_batch)}, the batch "
                                f"prediction is at {sorted(int(B) for B in by_batch)}; time it at those"}
-    E = [float(expected_tokens_positional(alpha[:kmax], k)) for k in range(kmax + 1)]
+    measured = calibration.measured
+    E = [float(e) for e in expected_by_k(measured.acceptance, kmax, measured.at_k)[0]]
     allowed = [0] + list(range(max(1, c.min_k), kmax + 1))
     rows = {int(B): V for B, V in by_batch.items()}  # keys are strings in a stored prediction
-    share = calibration.measured.acceptance.draft_share
+    shares = draft_shares(measured, kmax)
     out = {}
     for B in sorted(own):
         h = [float(own[B][k]) for k in range(kmax + 1)]
-        passes = expected_pass_times([float(rows[B][k]) for k in range(kmax + 1)], share)
+        passes = by_k(expected_pass_times, [[float(rows[B][k]) for k in range(kmax + 1)]], shares)
         steps = [float(passes[k]) + h[k] for k in range(kmax + 1)]
         gain = [E[k] * steps[0] / steps[k] for k in range(kmax + 1)]
         k = max(allowed, key=lambda j: (gain[j], -j))
@@ -77,11 +79,12 @@ def draft_costs(calibration: CandidateCalibration, batch_cost: BatchDraftCost | 
                 sizes: list[int]) -> dict[int, list]:
     """{B: the candidate's own cost of a round of B sequences at k = 0..}: B ĥ(k) for a host drafter
     (ĥ at B = 1, `expected_draft_cost`), ĥ_B(k) for a draft model at the sizes `batch_cost` timed."""
-    alpha = calibration.measured.acceptance.alpha[:calibration.kmax]
+    measured = calibration.measured
+    alpha, at_k = measured.acceptance.alpha[:calibration.kmax], measured.at_k
     if batch_cost is None:
-        one = expected_draft_cost(calibration.cost, alpha)
+        one = expected_draft_cost(calibration.cost, alpha, at_k)
         return {B: [B * x for x in one] for B in sizes}
-    return {B: batch_cost.expected(B, alpha) for B in sizes if B in batch_cost.by_batch}
+    return {B: batch_cost.expected(B, alpha, at_k) for B in sizes if B in batch_cost.by_batch}
 
 
 def schedule_settings(candidate: Mapping[str, Any], schedule: Mapping[str, Any]) -> dict | None:
