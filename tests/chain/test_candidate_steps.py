@@ -242,3 +242,37 @@ def test_a_gguf_drafts_h_B_on_llama_cpp(gguf_files, tmp_path):
     assert got["kmax"] == 2 and sorted(got["by_batch"]) == ["1", "2"] and got["candidate"] == draft
     for row in got["by_batch"].values():
         assert row["plain"][0] == 0 and min(row["plain"][1:] + row["catch_up"][1:]) > 0 and row["reps"] == 2
+
+
+def test_a_prediction_that_fitted_no_version_still_answers_from_the_timed_passes(run, tmp_path):
+    # the run's prediction with every version removed as failed fits: the answer prices its rounds with
+    # the passes it timed and the base measurement's h(k), says so, and keeps each candidate's cost
+    from moespec import run_files
+    from moespec.chain.candidate_steps import answer_step
+    from moespec.costmodel.predict import TIMED_PASSES
+    from moespec.report.candidates import answer_lines
+
+    folder, _, config, _ = run
+    doc = payload(folder / "prediction.json")
+    for entry in doc["depths"]:
+        entry["unavailable"] = {v: {"reason": "nonpositive-time", "message": "fits failed"} for v in entry["versions"]}
+        entry["versions"] = {}
+    failed = tmp_path / "prediction.json"
+    artifacts.write(failed, run_files.KINDS[run_files.PREDICTION], doc)
+    cals = [folder / f"candidate-{i}-calibration.json" for i in range(len(CANDIDATES))]
+    out = tmp_path / "candidates.json"
+    answer_step(prediction=failed, calibrations=cals, kernel="auto", path=out, passes=folder / "candidate-passes.json",
+                measurement_base=folder / "measurement-base.json")
+    got, before = payload(out), payload(folder / "candidates.json")
+    kmax = config.candidate_knobs()["kmax"]
+    h = payload(folder / "measurement-base.json")["h"][str(doc["depths"][0]["depth"])]
+    for c, b in zip(got["candidates"], before["candidates"]):
+        assert c["version"] == TIMED_PASSES and c["tau"] == pytest.approx(payload(folder / "candidate-passes.json")[
+            "warm"][: kmax + 1])
+        if c["candidate"]["kind"] == "draft":  # its own cost plus the engine's, now the base's h(k)
+            own = [x - o for x, o in zip(b["h"], payload(folder / "prediction.json")["depths"][0]["versions"][
+                b["version"]]["h"])]
+            assert c["h"][1:] == pytest.approx([x + h[str(k)] for k, x in enumerate(own)][1:])
+    assert "fitted no version" in " ".join(answer_lines(got))
+    with pytest.raises(ValueError, match="holds no version"):  # without the passes nothing prices a round
+        answer_step(prediction=failed, calibrations=cals, kernel="auto", path=out)

@@ -157,6 +157,29 @@ def test_predict_candidate_by_hand():
                                                           (0, 0, 0), (0, 0, 0)))
 
 
+def test_without_a_version_the_rounds_are_priced_with_the_timed_passes_and_the_base_h():
+    # the draft of draft_prediction (own cost 0, 3/16, 17/64), a prediction whose fits all failed, the
+    # target's passes timed (1, 5/4, 3/2 at n = 1..3; plain 1) and the base measurement's h = 1/16, 1/8, 1/8:
+    # h = 1/16, 5/16, 25/64; V = 1 (a plain step), 5/4 + 5/16, 3/2 + 25/64 (the base's h(0) unused)
+    from moespec.bench.target_passes import TargetPasses
+    from moespec.chain.candidate_answer import NoVersion
+    from moespec.costmodel.predict import TIMED_PASSES
+
+    cal = calibration(Candidate("draft", draft="d.gguf"), (8, 4), (4, 1), (0, 1 / 8, 1 / 4), (0, 1 / 4, 3 / 8))
+    failed = {"depths": [{"depth": 64, "versions": {}, "unavailable": {
+        "calibrated": {"reason": "nonpositive-time", "message": "operation times must be positive seconds"}}}]}
+    passes = TargetPasses((1, 1.25, 1.5), (1, 1.25, 1.5), 1.0, reps=1, depths=(64,))
+    base = {"h": {"64": {"0": 1 / 16, "1": 1 / 8, "2": 1 / 8}}}
+    p = predict_candidate(failed, cal, passes=passes, base=base)
+    assert p.version == TIMED_PASSES and p.depth == 64 and p.tau == (1, 1.25, 1.5)
+    assert p.h == pytest.approx((1 / 16, 5 / 16, 25 / 64), rel=1e-12)
+    assert p.answer.step_times == pytest.approx((1, 1.5625, 1.890625), rel=1e-12) and p.answer.k_star == 0
+    with pytest.raises(NoVersion, match="no version at depth 64"):  # the base alone prices nothing
+        predict_candidate(failed, cal, base=base)
+    with pytest.raises(ValueError, match=r"holds k = \[0, 1\]"):
+        predict_candidate(failed, cal, passes=passes, base={"h": {"64": {"0": 0.1, "1": 0.1}}})
+
+
 def test_a_lookup_that_drafts_in_some_rounds_is_priced_at_its_expected_pass():
     # prompt lookup offered 8 rounds at positions 1, 2; it proposed in 4 of them, 2 of them reached
     # position 2: s = 1/2, 1/4; alpha = 3/8, 1/3 (empty proposals rejected at position 1);

@@ -64,3 +64,12 @@ def test_a_miss_whose_acceptance_moved_between_the_halves_says_so():
     assert "1.25 tokens a round against 1.06" in line and "k = 2" in line
     # a hit, a move under 10%, or a check that kept no rounds: nothing to say
     assert moved_lines([{**row, "k_hat": 2}, {**row, "measured_tokens": 1.1}, {**row, "measured_tokens": None}]) == []
+
+
+def test_an_answer_priced_without_the_prediction_says_so():
+    from moespec.costmodel.predict import TIMED_PASSES
+
+    doc = stored(1.9)
+    assert not any("fitted no version" in line for line in answer_lines(doc))
+    doc["candidates"][0]["version"] = TIMED_PASSES
+    assert "The chain's prediction fitted no version on these timings" in answer_lines(doc)[-1]

@@ -32,7 +32,7 @@ from moespec.costmodel.positional import (
     plain,
     steady_round_times,
 )
-from moespec.costmodel.predict import preferred_version
+from moespec.costmodel.predict import TIMED_PASSES, preferred_version
 from moespec.costmodel.settings import (
     LLAMA_ARG,
     Setting,
@@ -76,9 +76,9 @@ def prediction_tau(prediction: Any, *, kmax: int, version: str = "calibrated", k
     chosen = preferred_version(entry.get("versions", {}), version)
     if chosen is None:
         why = "; ".join(f"{name}: {u.get('message', u.get('reason'))}" for name, u in entry.get("unavailable", {}).items())
-        raise ValueError(f"the prediction holds no version at depth {entry['depth']}{f' ({why})' if why else ''}; "
-                         "where its fits failed on noisy timings, run `moespec demo --restart` again with nothing "
-                         "else running")
+        raise NoVersion(f"the prediction holds no version at depth {entry['depth']}{f' ({why})' if why else ''}; "
+                        "where its fits failed on noisy timings, run `moespec demo --restart` again with nothing "
+                        "else running", int(entry["depth"]))
     p = entry["versions"][chosen]
     if kernel not in p["tau"]:
         raise ValueError(f"kernel {kernel!r} is not in the prediction; use one of {sorted(p['tau'])}")
@@ -92,6 +92,27 @@ def prediction_tau(prediction: Any, *, kmax: int, version: str = "calibrated", k
     delta = p.get("delta")
     return PredictedPasses([float(t) for t in p["tau"][kernel][: kmax + 1]], [float(x) for x in p["h"][: kmax + 1]],
                            chosen, int(entry["depth"]), math.inf if delta is None else float(delta))
+
+
+class NoVersion(ValueError):
+    """The prediction fitted no version at `depth` (each version's reason in the message)."""
+
+    def __init__(self, message: str, depth: int):
+        super().__init__(message)
+        self.depth = depth
+
+
+def base_passes(measurement_base: Mapping[str, Any], passes: TargetPasses, *, kmax: int, depth: int) -> PredictedPasses:
+    """What a candidate's answer reads where the prediction fitted no version (`NoVersion`) but the
+    target's passes were timed (`bench.target_passes`, which price the rounds): the engine's own time
+    per round h(0..kmax) from the base measurement at `depth` (the same h the prediction reads), τ the
+    passes timed after one of the same size, and no band from ε (δ = 0: nothing predicted is priced)."""
+    h = (measurement_base.get("h") or {}).get(str(depth)) or {}
+    if not all(str(k) in h for k in range(kmax + 1)) or passes.kmax < kmax:
+        raise ValueError(f"the base measurement's h(k) at depth {depth} holds k = {sorted(int(k) for k in h)} and the "
+                         f"passes reach n = {passes.kmax + 1}; k = {kmax} drafts need both; run the demo again")
+    return PredictedPasses(list(passes.warm[: kmax + 1]), [float(h[str(k)]) for k in range(kmax + 1)], TIMED_PASSES,
+                           depth, 0.0)
 
 
 def restricted(ans: PositionalAnswer, min_k: int) -> PositionalAnswer:
@@ -185,7 +206,7 @@ class CandidatePrediction:
 
 def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, version: str = "calibrated",
                       kernel: str = COST_AUTO, depth: int | None = None, overhead: bool = True,
-                      passes: TargetPasses | None = None) -> CandidatePrediction:
+                      passes: TargetPasses | None = None, base: Mapping[str, Any] | None = None) -> CandidatePrediction:
     """k̂*, the speedup with its band, n-min, p-min and the settings for one calibrated candidate
     (p-min: the floor min_i c_i / V̂(0) as a draft probability, through the draft's measured
     confidence where its calibration has it, `costmodel.confidence`).
@@ -205,8 +226,15 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
     The band uses the prediction's δ (none when δ >= 1: the bounds are vacuous) and, where the calibration
     kept each prompt's counts, spans the bootstrap over its prompts (`positional.answer`).
     With `overhead`, llama.cpp's line is priced as its own loop runs a round (`llama_answer`): the pass
-    and the draft's cost, without moespec's engine time, which its compiled loop does not spend."""
-    got = prediction_tau(prediction, kmax=calibration.kmax, version=version, kernel=kernel, depth=depth)
+    and the draft's cost, without moespec's engine time, which its compiled loop does not spend.
+    Where the prediction fitted no version and `passes` and the base measurement (`base`, its payload)
+    are given, the engine's h(k) is read from the base measurement instead (`base_passes`), no band from ε."""
+    try:
+        got = prediction_tau(prediction, kmax=calibration.kmax, version=version, kernel=kernel, depth=depth)
+    except NoVersion as e:
+        if passes is None or base is None:
+            raise
+        got = base_passes(base, passes, kmax=calibration.kmax, depth=e.depth)
     alpha = calibration.measured.acceptance.alpha[: calibration.kmax]
     own = [float(x) for x in expected_draft_cost(calibration.cost, alpha, calibration.measured.at_k)]
     engine = [x + o for x, o in zip(own, got.overhead)] if overhead else own

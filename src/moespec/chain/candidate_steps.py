@@ -190,9 +190,10 @@ def batch_cost_step(model, tokenizer, *, candidate: dict, prompts: Path, measure
 
 def answer_step(*, prediction: Path, calibrations: Sequence[Path], kernel: str, path: Path,
                 batch_prediction: Path | None = None, batch_costs: Sequence[Path | None] = (),
-                passes: Path | None = None) -> None:
+                passes: Path | None = None, measurement_base: Path | None = None) -> None:
     """candidates.json: each candidate's prediction and the answer over them, its rounds priced with the
-    target's `passes` where given; with the batch chain's
+    target's `passes` where given (and the engine's h(k) from `measurement_base` where the prediction
+    fitted no version: `candidate_answer.base_passes`); with the batch chain's
     prediction, each candidate's k̂*(B) and vLLM's per-batch-size line (`chain.candidate_batch`; a
     draft model's from its h_B(k) in `batch_costs`, one path or None per candidate)."""
     from moespec.bench.target_passes import TargetPasses
@@ -204,7 +205,9 @@ def answer_step(*, prediction: Path, calibrations: Sequence[Path], kernel: str, 
             for c in calibrations]
     timed = None if passes is None else \
         TargetPasses.from_dict(artifacts.load(passes, run_files.KINDS[run_files.PASSES])["payload"])
-    preds = lookup_lines([predict_candidate(doc, cal, kernel=kernel, passes=timed) for cal in cals])
+    base = None if measurement_base is None or not measurement_base.exists() else \
+        artifacts.load(measurement_base, run_files.KINDS[run_files.MEASUREMENT_BASE])["payload"]
+    preds = lookup_lines([predict_candidate(doc, cal, kernel=kernel, passes=timed, base=base) for cal in cals])
     got = {"candidates": [p.to_dict() for p in preds], "answer": answer_for(preds).to_dict()}
     if batch_prediction is not None and batch_prediction.exists():
         got["batch"] = batch_answer(batch_prediction, cals, batch_costs)
@@ -333,7 +336,9 @@ def candidate_steps(out: Path, candidates: Sequence[dict], knobs: Mapping[str, A
     steps.append(Step("candidates", p(run_files.CANDIDATES), answer_step, dict(
         prediction=p(run_files.PREDICTION), calibrations=cals, kernel=COST_DEDUP if llama else COST_AUTO,
         path=p(run_files.CANDIDATES), batch_prediction=batched[0] if batched else None, batch_costs=timed,
-        passes=passes), reads=(p(run_files.PREDICTION), *batched, *cals, passes, *(t for t in timed if t is not None))))
+        passes=passes, measurement_base=p(run_files.MEASUREMENT_BASE)),
+        reads=(p(run_files.PREDICTION), p(run_files.MEASUREMENT_BASE), *batched, *cals, passes,
+               *(t for t in timed if t is not None))))
     steps += [Step(f"check {c['name']}", chk, check_step, dict(common, candidate=c, path=chk), reads=(prompts,),
                    model=HELD) for c, chk in zip(candidates, checks)]
     steps.append(Step("candidates-score", p(run_files.CANDIDATES_SCORE), score_step, dict(

@@ -38,6 +38,9 @@ from moespec.kernel_names import COST_AUTO, COST_DEDUP, COST_KERNELS, COST_SLOT
 # The paper's grid (Sec. 4, App. D.2): 11 acceptance values from 0.2 to 0.98.
 ACCEPTANCE_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
 VERSIONS = ("prediction", "prediction-outside", "measured-time", "calibrated")
+# Not a version of (22): what a candidates' answer names where none fitted and it priced its rounds with
+# the target's timed passes alone (`chain.candidate_answer.base_passes`).
+TIMED_PASSES = "timed-passes"
 # The versions that add g(n) = o(n) − o(1), the growth of the pass outside the expert operation
 # (`_calibrate`): the calibrated one (o(n) from or beside the verify passes) and the prediction with
 # that term (o(n) timed alone by the characterization: still no whole-model time but τ_meas(1)).

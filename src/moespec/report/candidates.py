@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from moespec.costmodel.predict import TIMED_PASSES
 from moespec.report.html import Table
 from moespec.report.plotting import plt, save
 
@@ -34,7 +35,7 @@ def answer_lines(candidates: dict[str, Any], prompts: dict[str, Any] | None = No
         where = (f" on {'your prompts' if prompts['source'] != 'shipped' else 'the shipped prompts'} "
                  f"({len(prompts['calibration'])} calibrate, {len(prompts['heldout'])} held out)")
     names = ", ".join(ans["candidates"])
-    mine = llama_best_lines(ans.get("llama"))
+    mine = llama_best_lines(ans.get("llama")) + unpredicted_lines(candidates)
     if ans["best"] is None:
         return [f"Your drafts ({names}){where}: decode plainly. No candidate pays on this machine: the best "
                 f"drafting any of them predicts is {ans['best_drafting']:.2f}x plain decoding.", *mine]
@@ -45,6 +46,16 @@ def answer_lines(candidates: dict[str, Any], prompts: dict[str, Any] | None = No
         " (no band: the prediction's step-time error bound is vacuous)"
     return [f"Your drafts ({names}){where}: the best is {ans['best']}, at draft length k = {ans['k_star']}, "
             f"{ans['speedup']:.2f}x plain decoding{band}. Its settings:", *engine_lines(ans["settings"]), *mine]
+
+
+def unpredicted_lines(candidates: dict[str, Any]) -> list[str]:
+    """A line where the rounds were priced without the chain's prediction (it fitted no version:
+    `candidate_answer.base_passes`)."""
+    if not any(c.get("version") == TIMED_PASSES for c in candidates.get("candidates", [])):
+        return []
+    return ["The chain's prediction fitted no version on these timings, so the rounds are priced with the target's "
+            "passes timed on your prompts and the engine's time per round from the base measurement, with no band "
+            "from the prediction's error bound (rerun the demo with nothing else running for one)."]
 
 
 def llama_best_lines(llama: dict | None) -> list[str]:
