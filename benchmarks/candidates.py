@@ -27,6 +27,8 @@ emitted settings, its defaults and every n-max, `--llama-check`), the score agai
     python benchmarks/candidates.py --out benchmarks/results/candidates/candidates.json [--pairs trained]
     python benchmarks/candidates.py --out benchmarks/results/candidates/olmoe-real.json --pairs olmoe-real
     python benchmarks/candidates.py --out benchmarks/results/candidates/smollm2.json --pairs smollm2
+    python benchmarks/candidates.py --out benchmarks/results/candidates/smollm2-fresh.json --pairs smollm2 \
+        --prompts benchmarks/prompts/fresh-edit.jsonl    # twelve edit requests written after the estimator
 """
 
 from __future__ import annotations
@@ -118,15 +120,27 @@ PAIR_MAKERS = {"trained": trained_pair, "converted": converted_pair, "olmoe-real
                "smollm2": smollm2_pair}
 
 
-def run_pair(name: str, work: Path, threads: int) -> dict:
+def with_prompts(flags: list[str], prompts: Path | None) -> list[str]:
+    """The pair's demo flags with its prompts replaced by `prompts` (where given)."""
+    if prompts is None:
+        return flags
+    if "--prompts" in flags:
+        i = flags.index("--prompts")
+        flags = flags[:i] + flags[i + 2:]
+    return [*flags, "--prompts", str(prompts.resolve())]
+
+
+def run_pair(name: str, work: Path, threads: int, prompts: Path | None = None) -> dict:
     """`moespec demo` with the pair's candidates from nothing (the real-size pair: on a copy of its demo
-    folder, the chain's steps reused): wall time and the candidates' score."""
+    folder, the chain's steps reused): wall time and the candidates' score. prompts: a prompts file in
+    place of the pair's own (its run folder then named after the file)."""
     import shutil
 
     from moespec import artifacts
 
     target, flags = PAIR_MAKERS[name](work)
-    out = work / f"demo-{name}"
+    flags = with_prompts(flags, prompts)
+    out = work / (f"demo-{name}" if prompts is None else f"demo-{name}-{prompts.stem}")
     fresh = ["--restart"]
     if name == "olmoe-real":
         shutil.rmtree(out, ignore_errors=True)
@@ -160,9 +174,14 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "moespec" / "candidates")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--pairs", nargs="+", choices=PAIRS, default=list(PAIRS))
+    parser.add_argument("--prompts", type=Path, default=None,
+                        help="a prompts file (lines or JSONL chats) in place of each pair's own, e.g. "
+                             "benchmarks/prompts/fresh-edit.jsonl: prompts no estimator was chosen on")
     args = parser.parse_args()
+    if args.prompts is not None and not args.prompts.is_file():
+        parser.error(f"--prompts {args.prompts}: no such file; give a prompts file (lines or JSONL chats)")
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    rows = [run_pair(name, args.work_dir, args.threads) for name in args.pairs]
+    rows = [run_pair(name, args.work_dir, args.threads, args.prompts) for name in args.pairs]
     for row in rows:
         if "score" in row:
             row["goals"] = goals(row["score"])
