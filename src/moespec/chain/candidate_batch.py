@@ -20,9 +20,9 @@ between the k it holds, an approximation otherwise.
 Each sequence accepts by the candidate's positional acceptance, independently, so a round yields
 B E(k) tokens and the speedup over plain batched decoding at B is E(k) V̂_{B,c}(0) / V̂_{B,c}(k)
 (eq. (9) per sequence, E(k) in place of G_a(k); E(k), the draft shares and the chance a round accepted
-all read from the calibration's run at k where it made one, as at B = 1: `chain.candidate_answer`); k̂*(B) is its smallest maximizer. A draft
-model whose batched rounds were not timed (a torch chain, a draft that is not a GGUF file, a run
-folder from before) gets no schedule, said in the payload, not guessed.
+all read from the calibration's run at k where it made one, as at B = 1: `chain.candidate_answer`);
+k̂*(B) is its smallest maximizer. A draft model whose batched rounds were not timed (a torch chain, a
+draft that is not a GGUF file, a run folder from before) gets no schedule, said in the payload, not guessed.
 """
 
 from __future__ import annotations
