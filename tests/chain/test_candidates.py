@@ -129,7 +129,9 @@ def calibration(candidate, at_risk, accepted, plain, catch_up):
 def draft_prediction():
     # alpha = 1/2, 1/4; h(1) = 1/2*1/8 + 1/2*1/4 = 3/16, h(2) = 7/8*1/4 + 1/8*3/8 = 17/64;
     # tau(1..3) = 1, 5/4, 3/2: V = 1, 23/16, 113/64; E = 1, 3/2, 13/8;
-    # E/V = 1, 24/23, 104/113: k_hat* = 1 at 24/23; n-min 1; p-min = min(7/16, 21/64)/1 = 21/64
+    # E/V = 1, 24/23, 104/113: k_hat* = 1 at 24/23; n-min 1; p-min from V less the draft's own cost (spent
+    # when llama.cpp checks p-min): tau's increments 1/4, 1/4 over V(0) = 1: 1/4 (V's own, 21/64, cut drafts
+    # that paid)
     cal = calibration(Candidate("draft", draft="d.gguf"), (8, 4), (4, 1), (0, 1 / 8, 1 / 4), (0, 1 / 4, 3 / 8))
     return predict_candidate(payload([1, 1.25, 1.5]), cal)
 
@@ -139,11 +141,11 @@ def test_predict_candidate_by_hand():
     assert p.version == "measured-time" and p.depth == 64  # "calibrated" is absent: the next one is read
     assert p.h == (0, 3 / 16, 17 / 64) and p.answer.step_times == (1, 23 / 16, 113 / 64)
     assert p.answer.k_star == 1 and p.answer.speedup == pytest.approx(24 / 23, rel=1e-12)
-    assert p.answer.n_min == 1 and p.answer.p_min == 21 / 64
+    assert p.answer.n_min == 1 and p.answer.p_min == 1 / 4
     a = F(5, 12)  # the geometric fit: 5 accepted of 12 at risk
     assert p.answer.geometric == pytest.approx((1, float(1 + a), float(1 + a + a * a)), rel=1e-12)
     assert p.settings["llama.cpp"]["fragment"] == ("--spec-type draft-simple -md d.gguf --spec-draft-n-max 1 "
-                                                   "--spec-draft-n-min 1 --spec-draft-p-min 0.3282")
+                                                   "--spec-draft-n-min 1 --spec-draft-p-min 0.25")
     assert '"num_speculative_tokens": 1' in p.settings["vllm"]["fragment"]
     assert "--speculative-num-steps 1" in p.settings["sglang"]["fragment"]
     assert CandidatePrediction.from_dict(p.to_dict()).answer.k_star == 1
@@ -231,9 +233,9 @@ def test_a_lookup_pays_its_drafting_and_the_rounds_overhead_only_for_what_it_pro
 
 
 def test_p_min_is_read_through_the_drafts_measured_confidence():
-    """The by-hand pair above (floor p-min 21/64) with a confidence of 40 positions: drafts of top-token
+    """The by-hand pair above (floor p-min 1/4) with a confidence of 40 positions: drafts of top-token
     probability 0.05..0.09 were never the target's, 0.1 and up always: the fit steps from 0 to 1 at
-    0.1, so llama.cpp's p-min is 0.1, not 21/64 (an underconfident draft); with too few positions the
+    0.1, so llama.cpp's p-min is 0.1, not 1/4 (an underconfident draft); with too few positions the
     floor stays."""
     base = draft_prediction()
     cal = calibration(Candidate("draft", draft="d.gguf"), (8, 4), (4, 1), (0, 1 / 8, 1 / 4), (0, 1 / 4, 3 / 8))
@@ -243,7 +245,7 @@ def test_p_min_is_read_through_the_drafts_measured_confidence():
     assert p.answer.p_min == 0.1 and p.answer.k_star == base.answer.k_star
     assert p.settings["llama.cpp"]["fragment"].endswith("--spec-draft-p-min 0.1")
     few = predict_candidate(payload([1, 1.25, 1.5]), replace(cal, confidence=(tuple(q[:20]), tuple(hit[:20]))))
-    assert few.answer.p_min == 21 / 64
+    assert few.answer.p_min == 1 / 4
 
 
 def ngram_prediction(candidate):

@@ -37,6 +37,7 @@ from moespec.costmodel.settings import (
     LLAMA_ARG,
     Setting,
     Settings,
+    draft_probability_floor,
     llama_cpp_settings,
     sglang_settings,
     vllm_settings,
@@ -208,8 +209,9 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
                       kernel: str = COST_AUTO, depth: int | None = None, overhead: bool = True,
                       passes: TargetPasses | None = None, base: Mapping[str, Any] | None = None) -> CandidatePrediction:
     """k̂*, the speedup with its band, n-min, p-min and the settings for one calibrated candidate
-    (p-min: the floor min_i c_i / V̂(0) as a draft probability, through the draft's measured
-    confidence where its calibration has it, `costmodel.confidence`).
+    (p-min: the floor min_i c_i / V̂(0) as a draft probability, c_i the increments of V̂ less the draft's
+    own cost (spent when p-min is checked: `priced_answer`), through the draft's measured confidence
+    where its calibration has it, `costmodel.confidence`).
 
     V̂(k) = τ̄(k) + ĥ(k): τ̄(k) the expected pass of a round at k, τ̂(1..k+1) from the prediction
     (`prediction_tau`) weighted by the shares of rounds whose proposal reached each position
@@ -238,37 +240,50 @@ def predict_candidate(prediction: Any, calibration: CandidateCalibration, *, ver
     alpha = calibration.measured.acceptance.alpha[: calibration.kmax]
     own = [float(x) for x in expected_draft_cost(calibration.cost, alpha, calibration.measured.at_k)]
     engine = [x + o for x, o in zip(own, got.overhead)] if overhead else own
-    h, ans = priced_answer(got, calibration, engine, passes)
-    llama = priced_answer(got, calibration, own, passes)[1] if overhead else None
+    h, ans = priced_answer(got, calibration, engine, passes, own)
+    llama = priced_answer(got, calibration, own, passes, own)[1] if overhead else None
     return CandidatePrediction(calibration.candidate, got.version, kernel, got.depth, tuple(got.tau), tuple(h), ans,
                                candidate_settings(calibration.candidate, ans, llama),
                                None if passes is None else passes.to_dict(), llama)
 
 
 def priced_answer(got: PredictedPasses, calibration: CandidateCalibration, extra: Sequence[float],
-                  passes: TargetPasses | None) -> tuple[list, PositionalAnswer]:
+                  passes: TargetPasses | None, drafted: Sequence[float] = ()) -> tuple[list, PositionalAnswer]:
     """(ĥ, the answer) with extra[k] the time a round at k that proposed k tokens adds to its pass
-    (`predict_candidate`): ĥ(k) weighted by the shares of the rounds' proposal lengths."""
+    (`predict_candidate`): ĥ(k) weighted by the shares of the rounds' proposal lengths.
+    drafted[k]: the draft's own part of extra[k]. p-min is read off the rounds without it: llama.cpp
+    checks a draft token's probability after the draft's step that made it (common/speculative.cpp), so
+    a token p-min cuts saves its verification, not its drafting (`costmodel.settings.draft_probability_floor`
+    on V̂ less the draft's cost)."""
     kmax, measured = calibration.kmax, calibration.measured
     shares = draft_shares(measured, kmax)
     h = [float(x) for x in by_k(expected_pass_times, [extra], shares)]  # a round pays for what it proposed
-    if passes is None:
-        step_times = draft_step_times([float(t) for t in by_k(expected_pass_times, [got.tau], shares)], h)
-    else:
-        if passes.kmax < kmax:
-            raise ValueError(f"the target's passes were timed to n = {passes.kmax + 1}, and k = {kmax} drafts need "
-                             f"n = {kmax + 1}; time them again with kmax >= {kmax}")
-        step_times = by_k(lambda warm, cold, x, share: steady_round_times(warm, cold, passes.plain, x, share),
-                          [passes.warm, passes.cold, extra], shares)
-    ans = answer(step_times, measured.acceptance, delta=got.delta if got.delta < 1 else 0,
+    if passes is not None and passes.kmax < kmax:
+        raise ValueError(f"the target's passes were timed to n = {passes.kmax + 1}, and k = {kmax} drafts need "
+                         f"n = {kmax + 1}; time them again with kmax >= {kmax}")
+    ans = answer(round_times(got, passes, extra, shares), measured.acceptance, delta=got.delta if got.delta < 1 else 0,
                  prompts=measured.by_prompt, at_k=measured.at_k, at_k_prompts=measured.at_k_by_prompt)
     if got.delta >= 1:
         ans = replace(ans, speedup_low=0.0, speedup_high=math.inf)
+    if kmax and any(drafted):
+        rest = [e - d for e, d in zip(extra, drafted)]
+        ans = replace(ans, p_min=draft_probability_floor(round_times(got, passes, rest, shares)))
     ans = restricted(ans, calibration.candidate.min_k)
     if calibration.confidence is not None and ans.k_star:  # the floor read through the draft's calibration
         p_min = calibrated_p_min(*calibration.confidence, float(ans.p_min))
         ans = ans if p_min is None else replace(ans, p_min=p_min)
     return h, ans
+
+
+def round_times(got: PredictedPasses, passes: TargetPasses | None, extra: Sequence[float], shares: list) -> list:
+    """V̂(0..kmax) with extra[k] beside the pass of a round that proposed k tokens: τ̂ weighted by the shares
+    (`positional.draft_step_times`), or with `passes` the rounds as decoding meets them
+    (`positional.steady_round_times`)."""
+    if passes is None:
+        return draft_step_times([float(t) for t in by_k(expected_pass_times, [got.tau], shares)],
+                                [float(x) for x in by_k(expected_pass_times, [extra], shares)])
+    return by_k(lambda warm, cold, x, share: steady_round_times(warm, cold, passes.plain, x, share),
+                [passes.warm, passes.cold, extra], shares)
 
 
 def draft_shares(measured: CandidateAcceptance, kmax: int) -> list:
