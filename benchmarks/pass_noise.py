@@ -42,6 +42,8 @@ def main() -> None:
     prompts = args.run_dir / run_files.PROMPTS
     if not prompts.is_file() or not args.model.is_file():
         parser.error(f"need {prompts} (run the demo with a draft first) and the model file {args.model}")
+    if min(args.reps) < 1 or args.timings < 1 or args.kmax < 1:
+        parser.error(f"--reps {args.reps}, --timings {args.timings}, --kmax {args.kmax}: each must be >= 1")
     ids = artifacts.load(prompts, run_files.KINDS[run_files.PROMPTS])["payload"]["calibration"]
     model, tok = load(str(args.model), backend="llama.cpp", threads=args.threads,
                       n_ctx=max(map(len, ids)) + CANDIDATE_KNOBS["new_tokens"] + args.kmax + 2)
@@ -62,7 +64,7 @@ def main() -> None:
         print(f"reps {reps}: warm(2)/plain {ratios[0]:.3f}-{ratios[-1]:.3f}, plain {plains[0]:.3f}-{plains[-1]:.3f} ms "
               f"over {len(ratios)} timings")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": str(args.model), "prompts": len(ids), "ahead": ahead, "kmax": args.kmax,
+    args.out.write_text(json.dumps({"model": str(args.model), "run_dir": str(args.run_dir), "prompts": len(ids), "ahead": ahead, "kmax": args.kmax,
                                     "threads": args.threads, "rows": rows, "summary": summary}, indent=1))
     print(f"wrote {args.out}")
 

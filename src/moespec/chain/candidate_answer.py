@@ -27,9 +27,11 @@ from moespec.costmodel.positional import (
     SPECULATE,
     PositionalAnswer,
     answer,
+    best_of,
     draft_step_times,
     expected_pass_times,
     plain,
+    shortest_paying,
     steady_round_times,
 )
 from moespec.costmodel.predict import TIMED_PASSES, preferred_version
@@ -123,8 +125,7 @@ def restricted(ans: PositionalAnswer, min_k: int) -> PositionalAnswer:
         return ans
     r = [e / v for e, v in zip(ans.expected, ans.step_times)]
     allowed = [0] + list(range(min_k, len(r)))
-    k = max(allowed, key=lambda j: (r[j], -j))
-    n_min = next((j for j in allowed[1:] if r[j] > r[0]), 0)
+    k, n_min = best_of(r, allowed), shortest_paying(r, allowed)
     return replace(ans, k_star=k, speedup=ans.expected[k] * ans.step_times[0] / ans.step_times[k], n_min=n_min)
 
 

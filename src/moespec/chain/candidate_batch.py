@@ -33,7 +33,7 @@ from moespec.bench.batch_draft_cost import BatchDraftCost
 from moespec.bench.candidate import expected_draft_cost
 from moespec.chain.candidate_answer import by_k, draft_shares
 from moespec.chain.candidates import DRAFT, CandidateCalibration
-from moespec.costmodel.positional import expected_by_k, expected_pass_times
+from moespec.costmodel.positional import best_of, expected_by_k, expected_pass_times
 from moespec.costmodel.settings import vllm_batch_settings
 
 BATCH_VERSION = "prediction"  # the batch prediction's model version (the other, "timed", reads measured passes)
@@ -70,7 +70,7 @@ def candidate_schedule(batch_prediction: Mapping[str, Any], calibration: Candida
         passes = by_k(expected_pass_times, [[float(rows[B][k]) for k in range(kmax + 1)]], shares)
         steps = [float(passes[k]) + h[k] for k in range(kmax + 1)]
         gain = [E[k] * steps[0] / steps[k] for k in range(kmax + 1)]
-        k = max(allowed, key=lambda j: (gain[j], -j))
+        k = best_of(gain, allowed)
         out[str(B)] = {"k_star": k, "speedup": gain[k], "step_times": steps, "h": h}
     return {"B": out, "version": version, "max_k": kmax}
 

@@ -265,14 +265,17 @@ def ratios(V: Sequence, alpha: Sequence) -> list:
     return [exact_div(expected_tokens_positional(alpha, k), v) for k, v in enumerate(V)]
 
 
-def best_of(r: Sequence) -> int:
-    """k_hat* = the smallest k in 0..kmax maximizing r(k) = E(k)/V(k)."""
-    return list(r).index(max(r))
+def best_of(r: Sequence, allowed: Sequence[int] | None = None) -> int:
+    """k_hat* = the smallest k in `allowed` (default 0..kmax) maximizing r(k) = E(k)/V(k)."""
+    ks = range(len(r)) if allowed is None else allowed
+    return max(ks, key=lambda k: (r[k], -k))
 
 
-def shortest_paying(r: Sequence) -> int:
-    """n-min: the shortest j >= 1 with r(j) = E(j)/V(j) > r(0) = 1/V(0) (eq. (8) with E for G_a); 0 when none pays."""
-    return next((j for j in range(1, len(r)) if r[j] > r[0]), 0)
+def shortest_paying(r: Sequence, allowed: Sequence[int] | None = None) -> int:
+    """n-min: the shortest j >= 1 in `allowed` (default 1..kmax) with r(j) = E(j)/V(j) > r(0) = 1/V(0)
+    (eq. (8) with E for G_a); 0 when none pays."""
+    ks = range(1, len(r)) if allowed is None else [j for j in allowed if j >= 1]
+    return next((j for j in ks if r[j] > r[0]), 0)
 
 
 def best_draft_length_positional(V: Sequence, alpha: Sequence) -> int:
