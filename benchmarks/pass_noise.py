@@ -5,7 +5,9 @@ prompts (`bench.target_passes.measure_target_passes`, the demo's `cost_reps` = 2
 model whose passes take a millisecond or two, what decides k̂* is the ratio of a pass of two tokens to a
 plain step. This times that step again and again on one run folder's calibration prompts, at 20 and at
 200 repetitions in alternation, and reports each timing's plain step, its pass of n = 2 after one of the
-same size (warm) and their ratio: the spread of the ratio over timings is the price's own noise.
+same size (warm) and their ratio: the spread of the ratio over timings is the price's own noise. Each
+timing's blocks (`TargetPasses.blocks`, the quarters of every prompt's repetitions in time order) give
+the same ratio per block: the spread the answer reads within one timing (`positional.paying`).
 
     python benchmarks/pass_noise.py --model ~/.cache/moespec/candidates/trained-olmoe-q8_0.gguf \
         --run-dir ~/.cache/moespec/candidates/demo-trained --out benchmarks/results/pass_noise.json
@@ -49,20 +51,24 @@ def main() -> None:
                       n_ctx=max(map(len, ids)) + CANDIDATE_KNOBS["new_tokens"] + args.kmax + 2)
     ahead = passes_ahead(CANDIDATE_KNOBS)
     rows = []
-    print(f"{'reps':>5s} {'timing':>6s} {'plain ms':>9s} {'warm n=2 ms':>12s} {'ratio':>6s}")
+    print(f"{'reps':>5s} {'timing':>6s} {'plain ms':>9s} {'warm n=2 ms':>12s} {'ratio':>6s} {'blocks max/min':>15s}")
     for t in range(args.timings):
         for reps in args.reps:  # alternate, so a drift of the machine spreads over both
             p = measure_target_passes(model, ids, kmax=args.kmax, reps=reps, vocab_limit=vocab_limit(tok), ahead=ahead)
-            rows.append({"reps": reps, "timing": t, "plain": p.plain, "warm": list(p.warm), "cold": list(p.cold)})
-            print(f"{reps:5d} {t:6d} {p.plain * 1e3:9.3f} {p.warm[1] * 1e3:12.3f} {p.warm[1] / p.plain:6.3f}", flush=True)
+            blocks = [b.warm[1] / b.plain for b in p.blocks]
+            rows.append({"reps": reps, "timing": t, "plain": p.plain, "warm": list(p.warm), "cold": list(p.cold),
+                         "block_ratios": blocks})
+            print(f"{reps:5d} {t:6d} {p.plain * 1e3:9.3f} {p.warm[1] * 1e3:12.3f} {p.warm[1] / p.plain:6.3f} "
+                  f"{max(blocks) / min(blocks):15.3f}", flush=True)
     summary = {}
     for reps in args.reps:
         ratios = sorted(r["warm"][1] / r["plain"] for r in rows if r["reps"] == reps)
         plains = sorted(r["plain"] * 1e3 for r in rows if r["reps"] == reps)
+        spreads = sorted(max(r["block_ratios"]) / min(r["block_ratios"]) for r in rows if r["reps"] == reps)
         summary[str(reps)] = {"ratio_min": ratios[0], "ratio_max": ratios[-1], "plain_ms_min": plains[0],
-                              "plain_ms_max": plains[-1]}
-        print(f"reps {reps}: warm(2)/plain {ratios[0]:.3f}-{ratios[-1]:.3f}, plain {plains[0]:.3f}-{plains[-1]:.3f} ms "
-              f"over {len(ratios)} timings")
+                              "plain_ms_max": plains[-1], "block_spread_min": spreads[0], "block_spread_max": spreads[-1]}
+        print(f"reps {reps}: warm(2)/plain {ratios[0]:.3f}-{ratios[-1]:.3f}, plain {plains[0]:.3f}-{plains[-1]:.3f} ms, "
+              f"max/min over a timing's blocks {spreads[0]:.3f}-{spreads[-1]:.3f}, over {len(ratios)} timings")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model": str(args.model), "run_dir": str(args.run_dir), "prompts": len(ids), "ahead": ahead, "kmax": args.kmax,
                                     "threads": args.threads, "rows": rows, "summary": summary}, indent=1))

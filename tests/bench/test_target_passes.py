@@ -74,6 +74,37 @@ def test_passes_timed_past_the_prompt_at_the_depth_asked():
         assert TargetPasses.from_dict(got.to_dict()) == got
 
 
+class SlowingModel(GraphModel):
+    """GraphModel whose passes of n >= 2 tokens cost twice as much from its `after`-th call on (another
+    tenant took the memory bandwidth): one-token passes, the plain steps here, are untouched."""
+
+    def __init__(self, clock, after):
+        super().__init__(clock)
+        self.calls, self.after = 0, after
+
+    def extend(self, tokens, outputs=None):
+        start, n = self.clock.now, int(tokens.numel())
+        out = super().extend(tokens, outputs)
+        if n >= 2 and self.calls >= self.after:
+            self.clock.now += self.clock.now - start
+        self.calls += 1
+        return out
+
+
+def test_each_block_of_the_timing_keeps_its_own_medians():
+    # one prompt, 8 repetitions at kmax = 1: 4 blocks of 2. A repetition makes 6 calls (n = 1, 2 cold and
+    # warm, the plain step's two), after the prefill's one: from repetition 4 on (call 1 + 4 * 6) the pass
+    # of 2 costs twice. Blocks 0, 1 read warm (4, 5), blocks 2, 3 (4, 10); the whole's median warm(2) 7.5
+    clock = Clock()
+    got = measure_target_passes(SlowingModel(clock, after=1 + 4 * 6), [[1, 2, 3, 4, 5]], kmax=1, reps=8, clock=clock)
+    assert [b.warm for b in got.blocks] == [(4, 5), (4, 5), (4, 10), (4, 10)]
+    assert [b.cold[1] for b in got.blocks] == [5.5, 5.5, 11, 11]
+    assert got.warm == (4, 7.5) and all(b.plain == 4 for b in got.blocks)
+    assert TargetPasses.from_dict(got.to_dict()) == got
+    # fewer repetitions than blocks: the blocks with no sample are left out
+    assert len(measure_target_passes(GraphModel(clock), [[1, 2, 3]], kmax=1, reps=2, clock=clock).blocks) == 2
+
+
 def test_refusals():
     clock = Clock()
     for bad in (dict(kmax=-1), dict(reps=0), dict(ahead=-1), dict(prompts=[[1]]), dict(prompts=[])):

@@ -82,7 +82,8 @@ def test_the_answer_reads_the_runs_prediction_and_each_candidates_cost(run):
     for i, c in enumerate(got["candidates"]):
         # τ̂ of the prediction is kept beside the passes the rounds were priced with
         assert c["version"] == "calibrated" and c["tau"] == pytest.approx(tau[: kmax + 1])
-        assert c["passes"] == {key: timed[key] for key in ("warm", "cold", "plain", "reps", "depths", "ahead")}
+        assert c["passes"] == {key: timed[key] for key in ("warm", "cold", "plain", "reps", "depths", "ahead",
+                                                           "blocks")}
         # a round that proposes nothing is a plain step; a draft model proposes k every round, so
         # V̂(k) = warm(k + 1) + ĥ(k): its pass after one of the same size, its own cost and the engine's
         share = payload(folder / f"candidate-{i}-calibration.json")["measured"]["acceptance"]["draft_share"]
@@ -198,11 +199,13 @@ def test_an_answer_made_before_h_B_was_timed_and_a_cost_of_another_candidate_are
     assert (tmp_path / "candidates.json").exists()
 
 
-def test_passes_timed_at_another_depth_are_timed_again(tmp_path):
-    timed = {"warm": [1.0], "cold": [1.0], "plain": 1.0, "reps": 1, "depths": [5], "settings": KNOBS}
-    for ahead, kept in ((None, False), (KNOBS["new_tokens"] // 2 + 1, False), (KNOBS["new_tokens"] // 2, True)):
-        artifacts.write(tmp_path / "candidate-passes.json", "candidate-passes",
-                        timed if ahead is None else {**timed, "ahead": ahead})
+def test_passes_timed_at_another_depth_or_without_blocks_are_timed_again(tmp_path):
+    timed = {"warm": [1.0], "cold": [1.0], "plain": 1.0, "reps": 1, "depths": [5], "settings": KNOBS, "blocks": []}
+    half = KNOBS["new_tokens"] // 2
+    for changed, kept in (({}, False), ({"ahead": half + 1}, False), ({"ahead": half}, True),
+                          ({"ahead": half, "blocks": None}, False)):  # made before the timing kept its blocks
+        got = {k: v for k, v in {**timed, **changed}.items() if v is not None}
+        artifacts.write(tmp_path / "candidate-passes.json", "candidate-passes", got)
         drop_changed(tmp_path, (), KNOBS, None, lambda _: None)
         assert (tmp_path / "candidate-passes.json").exists() == kept
 

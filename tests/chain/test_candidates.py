@@ -159,6 +159,28 @@ def test_predict_candidate_by_hand():
                                                           (0, 0, 0), (0, 0, 0)))
 
 
+def test_a_gain_inside_how_far_the_timed_price_moved_decodes_plainly():
+    # the draft of draft_prediction priced with timed passes (warm 1, 5/4, 3/2 at n = 1..3; plain 1):
+    # V = 1, 23/16, 113/64 and k_hat* = 1 at 24/23. Three blocks of the timing: A as the whole, B with
+    # the passes of 2 and 3 a quarter slower (V_B = 1, 27/16, 129/64), C with the plain step at 5/4:
+    # V(k)/V(0) rose by 27/23 at k = 1 and 129/113 at k = 2 (B), fell to 4/5 (C). 24/23 < 27/23: a tie
+    from moespec.bench.target_passes import TargetPasses
+
+    cal = calibration(Candidate("draft", draft="d.gguf"), (8, 4), (4, 1), (0, 1 / 8, 1 / 4), (0, 1 / 4, 3 / 8))
+    whole = TargetPasses((1, 1.25, 1.5), (1, 1.25, 1.5), 1.0, reps=3, depths=(64,))
+    slow, plain_slow = replace(whole, warm=(1, 1.5, 1.75)), replace(whole, plain=1.25)
+    p = predict_candidate(payload([1, 1.25, 1.5]), cal, passes=replace(whole, blocks=(whole, slow, plain_slow)))
+    assert p.answer.step_times == pytest.approx((1, 23 / 16, 113 / 64), rel=1e-12)
+    assert p.answer.price_high == pytest.approx((1, 27 / 23, 129 / 113), rel=1e-12)
+    assert p.answer.price_low == pytest.approx((1, 4 / 5, 4 / 5), rel=1e-12)
+    assert p.answer.k_star == 0 and p.answer.tied and p.speedup_at(1) == pytest.approx(24 / 23, rel=1e-12)
+    assert "--spec-draft-n-max" not in p.settings["llama.cpp"]["fragment"] and p.llama_answer.k_star == 0
+    # the blocks that moved only the plain step leave k = 1 paying beyond the noise
+    q = predict_candidate(payload([1, 1.25, 1.5]), cal, passes=replace(whole, blocks=(whole, plain_slow)))
+    assert q.answer.k_star == 1 and q.answer.price_high == (1, 1, 1) and not q.answer.tied
+    assert CandidatePrediction.from_dict(p.to_dict()).answer == p.answer
+
+
 def test_without_a_version_the_rounds_are_priced_with_the_timed_passes_and_the_base_h():
     # the draft of draft_prediction (own cost 0, 3/16, 17/64), a prediction whose fits all failed, the
     # target's passes timed (1, 5/4, 3/2 at n = 1..3; plain 1) and the base measurement's h = 1/16, 1/8, 1/8:

@@ -18,6 +18,7 @@ from moespec.costmodel.positional import (
     expected_pass_times,
     expected_tokens_positional,
     offered_from_rounds,
+    paying,
     prompt_bootstrap_band,
     pooled,
     shortest_paying_draft_positional,
@@ -58,6 +59,26 @@ def test_a_draft_that_costs_too_much_says_decode_plainly():
     assert V == [1, 2]
     a = answer(V, acc)
     assert a.k_star == 0 and a.verdict == PLAINLY and a.speedup == 1 and a.n_min == 0
+
+
+def test_a_gain_inside_the_prices_noise_ties_plain_decoding():
+    # at kmax = 2: alpha = 1/2, 1/2, E = 1, 3/2, 7/4; V = 1, 5/4, 3/2: E/V = 1, 6/5, 7/6, k_hat* = 1 at 6/5.
+    # The price of a round at k = 1 rose by up to 1/4 over the timing's blocks, at k = 2 by 1/10:
+    # 6/5 < 5/4 ties plain decoding, 7/6 > 11/10 pays beyond it, so k_hat* = 2 (and n-min 2)
+    acc = PositionalAcceptance((4, 2), (2, 1))
+    V = [F(1), F(5, 4), F(3, 2)]
+    assert paying([1, F(6, 5), F(7, 6)], (1, 1.25, 1.1)) == [0, 2] and paying([1, F(6, 5)], ()) == [0, 1]
+    central = answer(V, acc)
+    a = answer(V, acc, price_low=(1, 0.9, 0.95), price_high=(1, 1.25, 1.1))
+    assert central.k_star == 1 and a.k_star == 2 and a.speedup == F(7, 6) and a.n_min == 2 and not a.tied
+    # both lengths inside their noise: decode plainly, a tie
+    b = answer(V, acc, price_low=(1, 0.9, 0.9), price_high=(1, 1.25, 1.2))
+    assert b.k_star == 0 and b.verdict == PLAINLY and b.n_min == 0 and b.tied and not central.tied
+    # the band's ends are those of the answer at the prices' ends
+    slow = answer([F(1), F(5, 4) * F(5, 4), F(3, 2) * F(6, 5)], acc)
+    fast = answer([F(1), F(5, 4) * F(9, 10), F(3, 2) * F(9, 10)], acc)
+    assert b.speedup_low == pytest.approx(slow.speedup_low) and b.speedup_high == pytest.approx(fast.speedup_high)
+    assert PositionalAnswer.from_dict(b.to_dict()) == b
 
 
 def test_wilson_interval_by_hand():

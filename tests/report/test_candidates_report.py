@@ -73,3 +73,18 @@ def test_an_answer_priced_without_the_prediction_says_so():
     assert not any("fitted no version" in line for line in answer_lines(doc))
     doc["candidates"][0]["version"] = TIMED_PASSES
     assert "The chain's prediction fitted no version on these timings" in answer_lines(doc)[-1]
+
+
+def test_a_tie_inside_the_prices_noise_says_so():
+    # E = 1, 1.5, 1.75 and V = 1, 1.25, 1.5: 1.20x at k = 1 and 1.17x at k = 2, each inside how far the
+    # price rose over the timing's 4 blocks (25% and 20%): decoded plainly, said once with the best of them
+    doc = stored(1.9)
+    doc["candidates"][0]["answer"].update(k_star=0, step_times=[1, 1.25, 1.5], price_high=[1, 1.25, 1.2])
+    doc["candidates"][0]["passes"] = {"blocks": [{}] * 4}
+    doc["answer"].update(best=None, best_drafting=1.2)
+    lines = answer_lines(doc)
+    assert lines[1] == ("d.gguf ties plain decoding: at k = 1 it predicts 1.20x, inside how far the price of a round "
+                        "against a plain step moved while the target's passes were timed (up to 25% over 4 blocks), "
+                        "so it decodes plainly.") and len(lines) == 2
+    doc["candidates"][0]["answer"]["price_high"] = [1, 1.1, 1.1]  # the gain clears the noise: no tie to say
+    assert len(answer_lines(doc)) == 1

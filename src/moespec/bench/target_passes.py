@@ -24,7 +24,7 @@ loop where the backend has one). `chain.candidate_answer.predict_candidate` pric
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import median
 from typing import Sequence
 
@@ -33,13 +33,16 @@ import torch
 from moespec.backends.protocol import as_spec_model
 
 PLAIN_STEPS = 8  # plain greedy steps timed per repetition
+BLOCKS = 4  # each prompt's repetitions cut into this many runs in time order: how far the price moves
 
 
 @dataclass(frozen=True)
 class TargetPasses:
     """Medians, seconds: warm[n - 1] a pass of n tokens after one of the same size, cold[n - 1] after one
     of another size, n = 1..kmax + 1; plain one plain greedy step; depths: where they were timed, each
-    prompt's length and `ahead` tokens past it."""
+    prompt's length and `ahead` tokens past it. blocks: the same medians over each block b of the timing
+    (block b holds the b-th of `BLOCKS` runs, in time order, of every prompt's repetitions); the spread of
+    the rounds' prices over them is the price's own noise (`chain.candidate_answer.price_noise`)."""
 
     warm: tuple[float, ...]
     cold: tuple[float, ...]
@@ -47,6 +50,7 @@ class TargetPasses:
     reps: int
     depths: tuple[int, ...]
     ahead: int = 0
+    blocks: tuple["TargetPasses", ...] = ()
 
     @property
     def kmax(self) -> int:
@@ -54,12 +58,12 @@ class TargetPasses:
 
     def to_dict(self) -> dict:
         return {"warm": list(self.warm), "cold": list(self.cold), "plain": self.plain, "reps": self.reps,
-                "depths": list(self.depths), "ahead": self.ahead}
+                "depths": list(self.depths), "ahead": self.ahead, "blocks": [b.to_dict() for b in self.blocks]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "TargetPasses":
         return cls(tuple(d["warm"]), tuple(d["cold"]), float(d["plain"]), int(d["reps"]), tuple(d["depths"]),
-                   int(d.get("ahead", 0)))
+                   int(d.get("ahead", 0)), tuple(cls.from_dict(b) for b in d.get("blocks", ())))
 
 
 def measure_target_passes(target, prompts: Sequence[Sequence[int]], *, kmax: int, reps: int = 20,
@@ -70,31 +74,48 @@ def measure_target_passes(target, prompts: Sequence[Sequence[int]], *, kmax: int
     (greedy, untimed; the passes step asks for half the answer's new tokens: the middle of its rounds'
     depths). A pass feeds n of that text's own tokens after it, as the engine's verify does
     (`extend_argmax` under greedy decoding, else `extend`), and the cache is cut back after it, outside
-    the timing. clock: seconds (a fake one in tests)."""
+    the timing. The medians of each `BLOCKS`-th of every prompt's repetitions, in time order, are kept
+    beside (`TargetPasses.blocks`; a block with no sample of some size is left out). clock: seconds (a
+    fake one in tests)."""
     if kmax < 0 or reps < 1 or ahead < 0 or not prompts or min(len(p) for p in prompts) < 2:
         raise ValueError(f"need kmax >= 0 (got {kmax}), reps >= 1 (got {reps}), ahead >= 0 (got {ahead}) and "
                          "prompts of >= 2 tokens each")
     spec = as_spec_model(target)
     limit = vocab_limit or spec.width
     step = (lambda ids: spec.extend_argmax(ids, limit)) if greedy and hasattr(spec, "extend_argmax") else spec.extend
-    warm, cold, plain, depths = [[] for _ in range(kmax + 1)], [[] for _ in range(kmax + 1)], [], []
+    samples, depths = [], []  # (block, n or 0 for the plain step, warm, seconds)
     for i, prompt in enumerate(prompts):
         ids = prefilled_ahead(spec, torch.as_tensor(list(prompt), dtype=torch.long), ahead, limit)
         depths.append(ids.shape[0])
         base = spec.length
-        for rep in range(i, reps, len(prompts)):
-            sizes = list(range(1, kmax + 2))
+        mine = range(i, reps, len(prompts))
+        for j, rep in enumerate(mine):
+            block, sizes = j * BLOCKS // len(mine), list(range(1, kmax + 2))
             for n in sizes[rep % len(sizes):] + sizes[: rep % len(sizes)]:
-                for store in (cold[n - 1], warm[n - 1]):
+                for is_warm in (False, True):
                     tokens = ids[torch.arange(n) % len(ids)]
                     start = clock()
                     step(tokens)
-                    store.append(clock() - start)
+                    samples.append((block, n, is_warm, clock() - start))
                     spec.truncate(base)
-            plain.append(_plain_step(spec, int(ids[-1]), limit, greedy, step, clock))
+            samples.append((block, 0, True, _plain_step(spec, int(ids[-1]), limit, greedy, step, clock)))
             spec.truncate(base)
     spec.reset()
-    return TargetPasses(tuple(map(median, warm)), tuple(map(median, cold)), median(plain), reps, tuple(depths), ahead)
+    whole = medians(samples, kmax, reps, depths, ahead)
+    blocks = [medians([x for x in samples if x[0] == b], kmax, reps, depths, ahead) for b in range(BLOCKS)]
+    return replace(whole, blocks=tuple(b for b in blocks if b is not None))
+
+
+def medians(samples: Sequence[tuple], kmax: int, reps: int, depths: Sequence[int], ahead: int) -> TargetPasses | None:
+    """`TargetPasses` of the medians of (block, n, warm, seconds) samples (n = 0: the plain step); None
+    where some pass size or the plain step has no sample."""
+    def of(n, is_warm):
+        got = [t for _, m, w, t in samples if m == n and w == is_warm]
+        return median(got) if got else None
+    warm, cold, plain = [of(n, True) for n in range(1, kmax + 2)], [of(n, False) for n in range(1, kmax + 2)], of(0, True)
+    if plain is None or None in warm or None in cold:
+        return None
+    return TargetPasses(tuple(warm), tuple(cold), plain, reps, tuple(depths), ahead)
 
 
 def prefilled_ahead(spec, ids: torch.Tensor, ahead: int, limit: int) -> torch.Tensor:

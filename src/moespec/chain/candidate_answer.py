@@ -30,6 +30,7 @@ from moespec.costmodel.positional import (
     best_of,
     draft_step_times,
     expected_pass_times,
+    paying,
     plain,
     shortest_paying,
     steady_round_times,
@@ -120,11 +121,12 @@ def base_passes(measurement_base: Mapping[str, Any], passes: TargetPasses, *, km
 
 def restricted(ans: PositionalAnswer, min_k: int) -> PositionalAnswer:
     """The answer with draft lengths 1..min_k - 1 left out (they draft nothing: ngram-simple below
-    size-n): k̂* and n-min over {0} ∪ {min_k..kmax}; the band stays that of every k (wider)."""
+    size-n): k̂* and n-min over {0} ∪ {min_k..kmax} (those paying beyond the price's noise,
+    `positional.paying`); the band stays that of every k (wider)."""
     if min_k <= 1:
         return ans
     r = [e / v for e, v in zip(ans.expected, ans.step_times)]
-    allowed = [0] + list(range(min_k, len(r)))
+    allowed = paying(r, ans.price_high, [0] + list(range(min_k, len(r))))
     k, n_min = best_of(r, allowed), shortest_paying(r, allowed)
     return replace(ans, k_star=k, speedup=ans.expected[k] * ans.step_times[0] / ans.step_times[k], n_min=n_min)
 
@@ -262,8 +264,11 @@ def priced_answer(got: PredictedPasses, calibration: CandidateCalibration, extra
     if passes is not None and passes.kmax < kmax:
         raise ValueError(f"the target's passes were timed to n = {passes.kmax + 1}, and k = {kmax} drafts need "
                          f"n = {kmax + 1}; time them again with kmax >= {kmax}")
-    ans = answer(round_times(got, passes, extra, shares), measured.acceptance, delta=got.delta if got.delta < 1 else 0,
-                 prompts=measured.by_prompt, at_k=measured.at_k, at_k_prompts=measured.at_k_by_prompt)
+    V = round_times(got, passes, extra, shares)
+    low, high = price_noise(V, got, passes, extra, shares)
+    ans = answer(V, measured.acceptance, delta=got.delta if got.delta < 1 else 0,
+                 prompts=measured.by_prompt, at_k=measured.at_k, at_k_prompts=measured.at_k_by_prompt,
+                 price_low=low, price_high=high)
     if got.delta >= 1:
         ans = replace(ans, speedup_low=0.0, speedup_high=math.inf)
     if kmax and any(drafted):
@@ -285,6 +290,20 @@ def round_times(got: PredictedPasses, passes: TargetPasses | None, extra: Sequen
                                 [float(x) for x in by_k(expected_pass_times, [extra], shares)])
     return by_k(lambda warm, cold, x, share: steady_round_times(warm, cold, passes.plain, x, share),
                 [passes.warm, passes.cold, extra], shares)
+
+
+def price_noise(whole: Sequence, got: PredictedPasses, passes: TargetPasses | None, extra: Sequence[float],
+                shares: list) -> tuple[list, list]:
+    """([kmax + 1] low, [kmax + 1] high): the least and the most V_b(k)/V_b(0) over the blocks b of the
+    target's timing (`TargetPasses.blocks`, each block's rounds priced as `round_times` priced the
+    whole timing's, `whole`), each over the whole's V(k)/V(0), clamped to <= 1 and >= 1: how far the price of a round at
+    k against a plain step moved while it was timed (`positional.paying` reads it). ([], []) without
+    the passes or with fewer than 2 blocks. The draft's own cost in `extra` is held fixed."""
+    if passes is None or len(passes.blocks) < 2:
+        return [], []
+    rel = [[b[k] / b[0] / (whole[k] / whole[0]) for k in range(len(whole))]
+           for b in (round_times(got, block, extra, shares) for block in passes.blocks)]
+    return [min(1.0, *col) for col in zip(*rel)], [max(1.0, *col) for col in zip(*rel)]
 
 
 def draft_shares(measured: CandidateAcceptance, kmax: int) -> list:

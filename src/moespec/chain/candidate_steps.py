@@ -273,7 +273,8 @@ def drop_changed(out: Path, candidates: Sequence[dict], knobs: Mapping[str, Any]
     passes = p(run_files.PASSES)
     if passes.exists():
         got = artifacts.load(passes, run_files.KINDS[run_files.PASSES])["payload"]
-        if settings_changed(got.get("settings", {}), dict(knobs)) or got.get("ahead", 0) != passes_ahead(knobs):
+        if settings_changed(got.get("settings", {}), dict(knobs)) or got.get("ahead", 0) != passes_ahead(knobs) or \
+                "blocks" not in got:  # made before the timing kept its blocks (the price's noise)
             echo(f"[candidates] {run_files.PASSES} was made with other settings or depths; timing the passes again")
             passes.unlink()
     if p(run_files.CANDIDATES).exists():

@@ -17,7 +17,10 @@ costs in expectation tau_bar(k) = tau(1) + sum_{j=1..k} s_j (tau(j + 1) - tau(j)
 share of rounds offering position j whose proposal reached it (`expected_pass_times`); a draft
 model always proposes k (s_j = 1: tau_bar(k) = tau(k + 1), the paper's V(k)).
 k_hat* = the smallest argmax of E(k)/V_hat(k), the speedup E(k_hat*) V_hat(0) / V_hat(k_hat*)
-(eq. (9) with E for G_a); k_hat* = 0 is the verdict "decode plainly".
+(eq. (9) with E for G_a); k_hat* = 0 is the verdict "decode plainly". Where the timing that priced
+the rounds says how far V(k)/V(0) moved over its course, a k that beats plain decoding by less than
+that ties it, and k_hat* is taken over the others (`paying`): the paper's argmax, over lengths whose
+gain is not inside the price's own noise.
 
 Exact on int/Fraction counts and times (no float is taken) except the intervals, which are Wilson
 score intervals (floats, 95% by default, one per position, not simultaneous), and the band's
@@ -271,6 +274,16 @@ def best_of(r: Sequence, allowed: Sequence[int] | None = None) -> int:
     return max(ks, key=lambda k: (r[k], -k))
 
 
+def paying(r: Sequence, price_high: Sequence = (), allowed: Sequence[int] | None = None) -> list[int]:
+    """The draft lengths in `allowed` (default 0..kmax) k̂* may be: 0, and each k >= 1 whose rate beats
+    plain decoding's by more than its price could have risen, r(k) > r(0) price_high[k]
+    (`chain.candidate_answer.price_noise`: the most V(k)/V(0) rose over the timing's blocks; every k where none given).
+    A draft length that pays only inside the price's own noise ties plain decoding, and plain decoding
+    is what then runs: it needs no draft and spends nothing on one."""
+    ks = list(range(len(r)) if allowed is None else allowed)
+    return [k for k in ks if k == 0 or not price_high or r[k] > r[0] * price_high[k]]
+
+
 def shortest_paying(r: Sequence, allowed: Sequence[int] | None = None) -> int:
     """n-min: the shortest j >= 1 in `allowed` (default 1..kmax) with r(j) = E(j)/V(j) > r(0) = 1/V(0)
     (eq. (8) with E for G_a); 0 when none pays."""
@@ -311,10 +324,19 @@ class PositionalAnswer:
     step_times: tuple
     n_min: int
     p_min: float
+    price_low: tuple = ()  # [kmax + 1] how far V(k)/V(0) fell and rose over the timing's blocks (`answer`)
+    price_high: tuple = ()
 
     @property
     def verdict(self) -> str:
         return PLAINLY if self.k_star == 0 else SPECULATE
+
+    @property
+    def tied(self) -> bool:
+        """Drafting predicts a gain at some k, but one inside how far the price of its rounds moved
+        (`paying`): the answer decodes plainly."""
+        r = [e / v for e, v in zip(self.expected, self.step_times)]
+        return self.k_star == 0 and any(r[0] < r[k] <= r[0] * f for k, f in enumerate(self.price_high) if k)
 
     def to_dict(self) -> dict:
         d = {k: [plain(x) for x in v] if isinstance(v, tuple) else plain(v) for k, v in asdict(self).items()}
@@ -374,7 +396,8 @@ def expected_by_k(acceptance: PositionalAcceptance, kmax: int, at_k: Sequence[Po
 
 def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
            prompts: Sequence[PositionalAcceptance] = (), at_k: Sequence[PositionalAcceptance] = (),
-           at_k_prompts: Sequence[Sequence[PositionalAcceptance]] = ()) -> PositionalAnswer:
+           at_k_prompts: Sequence[Sequence[PositionalAcceptance]] = (), price_low: Sequence = (),
+           price_high: Sequence = ()) -> PositionalAnswer:
     """k_hat*, its speedup and its band for one candidate, from V_hat(0..kmax) and its positional counts.
 
     The band holds the true best speedup T(k*)/T(0) when every alpha_j lies in its interval and every
@@ -386,6 +409,10 @@ def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
     prompt to the next more than independent rounds would.
     at_k, at_k_prompts: the counts of the runs at each k = 1..kmax, pooled and per prompt
     (`bench.candidate.CandidateAcceptance.at_k`): E(k) and its band from the run at k itself.
+    price_low, price_high: [kmax + 1] factors <= 1 and >= 1, how far V(k)/V(0) fell and rose over the
+    blocks of the timing that priced the rounds (`chain.candidate_answer.price_noise`; none: the timing is taken as
+    exact): k_hat* and n-min are then taken over the lengths that pay beyond that (`paying`), and the
+    band spans it (its low end at V(k) price_high[k], its high end at V(k) price_low[k]).
     """
     V = check_step_times(V)
     kmax = len(V) - 1
@@ -395,18 +422,32 @@ def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
     exact = all(is_exact(v) for v in V)
     E, E_low, E_high = expected_by_k(acceptance, kmax, at_k, exact)
     r = [exact_div(e, v) for e, v in zip(E, V)]
-    k_star = best_of(r)
+    allowed = paying(r, price_high)
+    k_star = best_of(r, allowed)
     shrink, grow = speedup_bounds(delta)
     Vf = [float(v) for v in V]
     a = acceptance.geometric if exact else float(acceptance.geometric)
-    low, high = (max(e * Vf[0] / v for e, v in zip(Es, Vf)) for Es in (E_low, E_high))
-    if len(prompts) >= 2:
-        boot_low, boot_high = prompt_bootstrap_band(Vf, prompts, at_k_prompts=at_k_prompts[:kmax] if at_k else ())
-        low, high = min(low, boot_low), max(high, boot_high)
+    low = speedup_band([Vf[0] / v / f for v, f in zip(Vf, price_high or [1] * len(Vf))], E_low, prompts,
+                       at_k_prompts[:kmax] if at_k else (), low=True)
+    high = speedup_band([Vf[0] / v / f for v, f in zip(Vf, price_low or [1] * len(Vf))], E_high, prompts,
+                        at_k_prompts[:kmax] if at_k else (), low=False)
     return PositionalAnswer(
         k_star=k_star, speedup=exact_div(E[k_star] * V[0], V[k_star]),
         speedup_low=float(low * shrink), speedup_high=float(high * grow), expected=tuple(E),
         geometric=tuple(expected_tokens_positional([a] * kmax, k) for k in range(kmax + 1)),
-        step_times=tuple(V), n_min=shortest_paying(r),
+        step_times=tuple(V), n_min=shortest_paying(r, allowed),
         p_min=draft_probability_floor(V) if kmax else 0,
+        price_low=tuple(float(f) for f in price_low), price_high=tuple(float(f) for f in price_high),
     )
+
+
+def speedup_band(gain: Sequence[float], E_end: Sequence, prompts: Sequence[PositionalAcceptance],
+                 at_k_prompts: Sequence, *, low: bool) -> float:
+    """One end of `answer`'s band before δ: max_k E_end(k) gain(k), gain(k) = V(0)/V(k) at that end's price,
+    E_end at that end of the alphas' intervals, widened to the prompt bootstrap's end where >= 2 prompts'
+    counts are kept (`prompt_bootstrap_band` at V(k) = 1/gain(k))."""
+    end = max(float(e) * g for e, g in zip(E_end, gain))
+    if len(prompts) < 2:
+        return end
+    boot = prompt_bootstrap_band([1 / g for g in gain], prompts, at_k_prompts=at_k_prompts)
+    return min(end, boot[0]) if low else max(end, boot[1])

@@ -35,7 +35,7 @@ def answer_lines(candidates: dict[str, Any], prompts: dict[str, Any] | None = No
         where = (f" on {'your prompts' if prompts['source'] != 'shipped' else 'the shipped prompts'} "
                  f"({len(prompts['calibration'])} calibrate, {len(prompts['heldout'])} held out)")
     names = ", ".join(ans["candidates"])
-    mine = llama_best_lines(ans.get("llama")) + unpredicted_lines(candidates)
+    mine = tie_lines(candidates) + llama_best_lines(ans.get("llama")) + unpredicted_lines(candidates)
     if ans["best"] is None:
         return [f"Your drafts ({names}){where}: decode plainly. No candidate pays on this machine: the best "
                 f"drafting any of them predicts is {ans['best_drafting']:.2f}x plain decoding.", *mine]
@@ -46,6 +46,23 @@ def answer_lines(candidates: dict[str, Any], prompts: dict[str, Any] | None = No
         " (no band: the prediction's step-time error bound is vacuous)"
     return [f"Your drafts ({names}){where}: the best is {ans['best']}, at draft length k = {ans['k_star']}, "
             f"{ans['speedup']:.2f}x plain decoding{band}. Its settings:", *engine_lines(ans["settings"]), *mine]
+
+
+def tie_lines(candidates: dict[str, Any]) -> list[str]:
+    """A line per candidate whose drafting pays only inside how far the price of its rounds moved while
+    the target's passes were timed (`costmodel.positional.paying`): a tie, decoded plainly."""
+    out = []
+    for c in candidates.get("candidates", []):
+        a, high = c["answer"], c["answer"].get("price_high") or []
+        gains = [e * a["step_times"][0] / v for e, v in zip(a["expected"], a["step_times"])]
+        ties = [k for k in range(1, len(high)) if 1 < gains[k] <= high[k]]
+        if a["k_star"] == 0 and ties:
+            k = max(ties, key=lambda j: gains[j])
+            out.append(f"{c['name']} ties plain decoding: at k = {k} it predicts {gains[k]:.2f}x, inside how far "
+                       f"the price of a round against a plain step moved while the target's passes were timed "
+                       f"(up to {100 * (high[k] - 1):.0f}% over {len(c.get('passes', {}).get('blocks', []))} "
+                       "blocks), so it decodes plainly.")
+    return out
 
 
 def unpredicted_lines(candidates: dict[str, Any]) -> list[str]:
