@@ -8,7 +8,7 @@ from moespec.report.candidates import answer_lines, batch_lines, moved_lines
 
 def stored(high):
     answer = {"k_star": 2, "speedup": 1.5, "speedup_low": 1.2, "speedup_high": high, "expected": [1, 1.5, 1.75],
-              "step_times": [1, 1, 1.1]}
+              "geometric": [1, 1.5, 1.75], "step_times": [1, 1, 1.1], "n_min": 1, "p_min": 0.1}
     settings = {"llama.cpp": {"fragment": "--spec-type draft-simple -md d.gguf --spec-draft-n-max 2"}}
     return {"candidates": [{"name": "d.gguf", "answer": answer}],
             "answer": {"best": "d.gguf", "k_star": 2, "speedup": 1.5, "best_drafting": 1.5, "settings": settings,

@@ -332,11 +332,15 @@ class PositionalAnswer:
         return PLAINLY if self.k_star == 0 else SPECULATE
 
     @property
-    def tied(self) -> bool:
-        """Drafting predicts a gain at some k, but one inside how far the price of its rounds moved
-        (`paying`): the answer decodes plainly."""
+    def ties(self) -> list[int]:
+        """Where the answer decodes plainly, the k >= 1 whose predicted gain lies inside how far the price
+        of its rounds moved (`paying`); [] otherwise."""
         r = [e / v for e, v in zip(self.expected, self.step_times)]
-        return self.k_star == 0 and any(r[0] < r[k] <= r[0] * f for k, f in enumerate(self.price_high) if k)
+        return [k for k, f in enumerate(self.price_high) if k and self.k_star == 0 and r[0] < r[k] <= r[0] * f]
+
+    @property
+    def tied(self) -> bool:
+        return bool(self.ties)
 
     def to_dict(self) -> dict:
         d = {k: [plain(x) for x in v] if isinstance(v, tuple) else plain(v) for k, v in asdict(self).items()}

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from moespec.costmodel.positional import PositionalAnswer
 from moespec.costmodel.predict import TIMED_PASSES
 from moespec.report.html import Table
 from moespec.report.plotting import plt, save
@@ -53,14 +54,13 @@ def tie_lines(candidates: dict[str, Any]) -> list[str]:
     the target's passes were timed (`costmodel.positional.paying`): a tie, decoded plainly."""
     out = []
     for c in candidates.get("candidates", []):
-        a, high = c["answer"], c["answer"].get("price_high") or []
-        gains = [e * a["step_times"][0] / v for e, v in zip(a["expected"], a["step_times"])]
-        ties = [k for k in range(1, len(high)) if 1 < gains[k] <= high[k]]
-        if a["k_star"] == 0 and ties:
-            k = max(ties, key=lambda j: gains[j])
+        a = PositionalAnswer.from_dict(c["answer"])
+        gains = [e * a.step_times[0] / v for e, v in zip(a.expected, a.step_times)]
+        if a.ties:
+            k = max(a.ties, key=lambda j: gains[j])
             out.append(f"{c['name']} ties plain decoding: at k = {k} it predicts {gains[k]:.2f}x, inside how far "
                        f"the price of a round against a plain step moved while the target's passes were timed "
-                       f"(up to {100 * (high[k] - 1):.0f}% over {len(c.get('passes', {}).get('blocks', []))} "
+                       f"(up to {100 * (a.price_high[k] - 1):.0f}% over {len(c.get('passes', {}).get('blocks', []))} "
                        "blocks), so it decodes plainly.")
     return out
 
