@@ -112,7 +112,8 @@ def medians(samples: Sequence[tuple], kmax: int, reps: int, depths: Sequence[int
     def of(n, is_warm):
         got = [t for _, m, w, t in samples if m == n and w == is_warm]
         return median(got) if got else None
-    warm, cold, plain = [of(n, True) for n in range(1, kmax + 2)], [of(n, False) for n in range(1, kmax + 2)], of(0, True)
+    warm, cold = [of(n, True) for n in range(1, kmax + 2)], [of(n, False) for n in range(1, kmax + 2)]
+    plain = of(0, True)
     if plain is None or None in warm or None in cold:
         return None
     return TargetPasses(tuple(warm), tuple(cold), plain, reps, tuple(depths), ahead)

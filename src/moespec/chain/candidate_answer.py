@@ -296,8 +296,8 @@ def price_noise(whole: Sequence, got: PredictedPasses, passes: TargetPasses | No
                 shares: list) -> tuple[list, list]:
     """([kmax + 1] low, [kmax + 1] high): the least and the most V_b(k)/V_b(0) over the blocks b of the
     target's timing (`TargetPasses.blocks`, each block's rounds priced as `round_times` priced the
-    whole timing's, `whole`), each over the whole's V(k)/V(0), clamped to <= 1 and >= 1: how far the price of a round at
-    k against a plain step moved while it was timed (`positional.paying` reads it). ([], []) without
+    whole timing's, `whole`), each over the whole's V(k)/V(0), clamped to <= 1 and >= 1: how far the
+    price of a round at k against a plain step moved while it was timed (`positional.paying` reads it). ([], []) without
     the passes or with fewer than 2 blocks. The draft's own cost in `extra` is held fixed."""
     if passes is None or len(passes.blocks) < 2:
         return [], []

@@ -277,7 +277,8 @@ def best_of(r: Sequence, allowed: Sequence[int] | None = None) -> int:
 def paying(r: Sequence, price_high: Sequence = (), allowed: Sequence[int] | None = None) -> list[int]:
     """The draft lengths in `allowed` (default 0..kmax) k̂* may be: 0, and each k >= 1 whose rate beats
     plain decoding's by more than its price could have risen, r(k) > r(0) price_high[k]
-    (`chain.candidate_answer.price_noise`: the most V(k)/V(0) rose over the timing's blocks; every k where none given).
+    (`chain.candidate_answer.price_noise`: the most V(k)/V(0) rose over the timing's blocks; every k
+    where none is given).
     A draft length that pays only inside the price's own noise ties plain decoding, and plain decoding
     is what then runs: it needs no draft and spends nothing on one."""
     ks = list(range(len(r)) if allowed is None else allowed)
@@ -414,8 +415,8 @@ def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
     at_k, at_k_prompts: the counts of the runs at each k = 1..kmax, pooled and per prompt
     (`bench.candidate.CandidateAcceptance.at_k`): E(k) and its band from the run at k itself.
     price_low, price_high: [kmax + 1] factors <= 1 and >= 1, how far V(k)/V(0) fell and rose over the
-    blocks of the timing that priced the rounds (`chain.candidate_answer.price_noise`; none: the timing is taken as
-    exact): k_hat* and n-min are then taken over the lengths that pay beyond that (`paying`), and the
+    blocks of the timing that priced the rounds (`chain.candidate_answer.price_noise`; none: the timing
+    is taken as exact): k_hat* and n-min are then taken over the lengths that pay beyond that (`paying`), and the
     band spans it (its low end at V(k) price_high[k], its high end at V(k) price_low[k]).
     """
     V = check_step_times(V)
@@ -431,10 +432,9 @@ def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
     shrink, grow = speedup_bounds(delta)
     Vf = [float(v) for v in V]
     a = acceptance.geometric if exact else float(acceptance.geometric)
-    low = speedup_band([Vf[0] / v / f for v, f in zip(Vf, price_high or [1] * len(Vf))], E_low, prompts,
-                       at_k_prompts[:kmax] if at_k else (), low=True)
-    high = speedup_band([Vf[0] / v / f for v, f in zip(Vf, price_low or [1] * len(Vf))], E_high, prompts,
-                        at_k_prompts[:kmax] if at_k else (), low=False)
+    low, high = speedup_band([Vf[0] / v / f for v, f in zip(Vf, price_high or [1] * len(Vf))],
+                             [Vf[0] / v / f for v, f in zip(Vf, price_low or [1] * len(Vf))],
+                             E_low, E_high, prompts, at_k_prompts[:kmax] if at_k else ())
     return PositionalAnswer(
         k_star=k_star, speedup=exact_div(E[k_star] * V[0], V[k_star]),
         speedup_low=float(low * shrink), speedup_high=float(high * grow), expected=tuple(E),
@@ -445,13 +445,16 @@ def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
     )
 
 
-def speedup_band(gain: Sequence[float], E_end: Sequence, prompts: Sequence[PositionalAcceptance],
-                 at_k_prompts: Sequence, *, low: bool) -> float:
-    """One end of `answer`'s band before δ: max_k E_end(k) gain(k), gain(k) = V(0)/V(k) at that end's price,
-    E_end at that end of the alphas' intervals, widened to the prompt bootstrap's end where >= 2 prompts'
-    counts are kept (`prompt_bootstrap_band` at V(k) = 1/gain(k))."""
-    end = max(float(e) * g for e, g in zip(E_end, gain))
+def speedup_band(slow: Sequence[float], fast: Sequence[float], E_low: Sequence, E_high: Sequence,
+                 prompts: Sequence[PositionalAcceptance], at_k_prompts: Sequence) -> tuple[float, float]:
+    """`answer`'s band before δ: (max_k E_low(k) slow(k), max_k E_high(k) fast(k)), slow(k) and fast(k)
+    V(0)/V(k) at the price's high and low ends, E at the ends of the alphas' intervals, each widened to
+    the prompt bootstrap's end where >= 2 prompts' counts are kept (`prompt_bootstrap_band` at
+    V(k) = 1/slow(k) and 1/fast(k), one bootstrap where the two agree)."""
+    low, high = (max(float(e) * g for e, g in zip(E, gain)) for E, gain in ((E_low, slow), (E_high, fast)))
     if len(prompts) < 2:
-        return end
-    boot = prompt_bootstrap_band([1 / g for g in gain], prompts, at_k_prompts=at_k_prompts)
-    return min(end, boot[0]) if low else max(end, boot[1])
+        return low, high
+    boot_low = prompt_bootstrap_band([1 / g for g in slow], prompts, at_k_prompts=at_k_prompts)
+    boot_high = boot_low if list(slow) == list(fast) else \
+        prompt_bootstrap_band([1 / g for g in fast], prompts, at_k_prompts=at_k_prompts)
+    return min(low, boot_low[0]), max(high, boot_high[1])
