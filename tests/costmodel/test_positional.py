@@ -78,6 +78,11 @@ def test_a_gain_inside_the_prices_noise_ties_plain_decoding():
     slow = answer([F(1), F(5, 4) * F(5, 4), F(3, 2) * F(6, 5)], acc)
     fast = answer([F(1), F(5, 4) * F(9, 10), F(3, 2) * F(9, 10)], acc)
     assert b.speedup_low == pytest.approx(slow.speedup_low) and b.speedup_high == pytest.approx(fast.speedup_high)
+    assert b.low_by_k == pytest.approx(slow.low_by_k) and b.high_by_k == pytest.approx(fast.high_by_k)
+    # without prompts' counts the band of the best is the largest of the bands at each k
+    assert central.speedup_low == max(central.low_by_k) and central.speedup_high == max(central.high_by_k)
+    assert all(lo <= float(e * V[0] / v) <= hi for lo, hi, e, v in
+               zip(central.low_by_k, central.high_by_k, central.expected, V))
     assert PositionalAnswer.from_dict(b.to_dict()) == b
 
 
@@ -194,6 +199,9 @@ def test_the_band_over_prompts_by_hand():
     both = answer([1.0, 1.5], pooled_ab, prompts=[a, b])
     assert wilson_only.speedup_high < 4 / 3 and both.speedup_high == pytest.approx(4 / 3)
     assert both.speedup_low == min(wilson_only.speedup_low, 1.0) and both.k_star == wilson_only.k_star
+    # the band of the speedup at k = 1 itself: {B, B} gives 1/(3/2) = 2/3, below plain, which the band
+    # of the best speedup (max over k, plain's 1 among them) cannot show
+    assert both.low_by_k == (1.0, pytest.approx(2 / 3)) and both.high_by_k == (1.0, pytest.approx(4 / 3))
     # prompts that agree: every resample is the pool, so the band over prompts is the point itself
     same = PositionalAcceptance((10, 6), (6, 3))
     point = answer([1.0, 1.2, 1.5], pooled([same, same]))

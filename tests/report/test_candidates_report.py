@@ -21,6 +21,11 @@ def test_the_band_reads_from_a_stored_answer_bounded_or_not():
     assert "llama-server: --spec-type draft-simple -md d.gguf --spec-draft-n-max 2" in bounded
     unbounded = " ".join(answer_lines(stored(None)))
     assert "1.50x plain decoding (no band: the prediction's step-time error bound is vacuous)" in unbounded
+    # the band at k̂* itself beside the band of the best speedup, where the answer kept it
+    at_k = stored(1.9)
+    at_k["candidates"][0]["answer"].update(low_by_k=[1, 0.9, 0.95], high_by_k=[1, 1.6, 1.8])
+    assert "1.50x plain decoding (at k = 2: 0.95x to 1.80x; the best speedup over every k: 1.20x to 1.90x)" in \
+        " ".join(answer_lines(at_k))
 
 
 def test_llama_cpps_own_best_is_said_where_it_differs():

@@ -270,7 +270,8 @@ def priced_answer(got: PredictedPasses, calibration: CandidateCalibration, extra
                  prompts=measured.by_prompt, at_k=measured.at_k, at_k_prompts=measured.at_k_by_prompt,
                  price_low=low, price_high=high)
     if got.delta >= 1:
-        ans = replace(ans, speedup_low=0.0, speedup_high=math.inf)
+        ans = replace(ans, speedup_low=0.0, speedup_high=math.inf, low_by_k=(1.0,) + (0.0,) * kmax,
+                      high_by_k=(1.0,) + (math.inf,) * kmax)
     if kmax and any(drafted):
         rest = [e - d for e, d in zip(extra, drafted)]
         ans = replace(ans, p_min=draft_probability_floor(round_times(got, passes, rest, shares)))

@@ -313,7 +313,8 @@ class PositionalAnswer:
 
     expected: [kmax + 1] E(k); geometric: [kmax + 1] G_a(k) at the geometric fit a; step_times:
     [kmax + 1] V_hat(k); speedup: E(k_hat*) V_hat(0) / V_hat(k_hat*); speedup_low/high: the band of
-    the true best speedup (`answer`); n_min, p_min: the settings from this V_hat (`costmodel.settings`).
+    the true best speedup (`answer`); low_by_k/high_by_k: the band of the speedup at each k itself, the
+    one a user running k_hat* meets; n_min, p_min: the settings from this V_hat (`costmodel.settings`).
     """
 
     k_star: int
@@ -327,6 +328,8 @@ class PositionalAnswer:
     p_min: float
     price_low: tuple = ()  # [kmax + 1] how far V(k)/V(0) fell and rose over the timing's blocks (`answer`)
     price_high: tuple = ()
+    low_by_k: tuple = ()  # [kmax + 1] the band of the speedup at each k itself (1 at k = 0: plain decoding)
+    high_by_k: tuple = ()
 
     @property
     def verdict(self) -> str:
@@ -360,10 +363,18 @@ def prompt_bootstrap_band(V: Sequence, prompts: Sequence[PositionalAcceptance], 
                           draws: int = BOOTSTRAP_DRAWS, seed: int = BOOTSTRAP_SEED,
                           at_k_prompts: Sequence[Sequence[PositionalAcceptance]] = ()) -> tuple[float, float]:
     """The central `level` percentile band of max_k E(k) V(0)/V(k) over `draws` resamples of the
-    prompts with replacement, each resample's counts pooled before its alphas are taken (a cluster
-    bootstrap: the prompt, not the round, is the unit drawn). V: [kmax + 1]; prompts: per-prompt counts;
-    at_k_prompts: [kmax][prompts] per-prompt counts of the run at each k (E(k) from the run at k), the
-    same prompts drawn for every k."""
+    prompts with replacement (`prompt_bootstrap_speedups`)."""
+    best = prompt_bootstrap_speedups(V, prompts, draws=draws, seed=seed, at_k_prompts=at_k_prompts).max(axis=1)
+    return percentile_band(best, level)
+
+
+def prompt_bootstrap_speedups(V: Sequence, prompts: Sequence[PositionalAcceptance], *, draws: int = BOOTSTRAP_DRAWS,
+                              seed: int = BOOTSTRAP_SEED,
+                              at_k_prompts: Sequence[Sequence[PositionalAcceptance]] = ()):
+    """[draws, kmax + 1] E(k) V(0)/V(k) of each of `draws` resamples of the prompts with replacement, each
+    resample's counts pooled before its alphas are taken (a cluster bootstrap: the prompt, not the round,
+    is the unit drawn). V: [kmax + 1]; prompts: per-prompt counts; at_k_prompts: [kmax][prompts]
+    per-prompt counts of the run at each k (E(k) from the run at k), the same prompts drawn for every k."""
     import numpy as np
 
     if len(prompts) < 2:
@@ -379,9 +390,16 @@ def prompt_bootstrap_band(V: Sequence, prompts: Sequence[PositionalAcceptance], 
         alpha = np.divide(a, n, out=np.zeros_like(a), where=n > 0)
         E[:, k] = 1 + np.cumprod(alpha, axis=1).sum(axis=1)
     Vf = np.array([float(v) for v in V])
-    best = (E * Vf[0] / Vf).max(axis=1)  # [draws] the best speedup of each resample
+    return E * Vf[0] / Vf
+
+
+def percentile_band(samples, level: float = 0.95) -> tuple[float, float]:
+    """The central `level` percentile band of `samples` (along the first axis: floats, or arrays per column)."""
+    import numpy as np
+
     tail = (1 - level) / 2
-    return float(np.quantile(best, tail)), float(np.quantile(best, 1 - tail))
+    low, high = np.quantile(samples, tail, axis=0), np.quantile(samples, 1 - tail, axis=0)
+    return (float(low), float(high)) if np.ndim(low) == 0 else (low, high)
 
 
 def expected_by_k(acceptance: PositionalAcceptance, kmax: int, at_k: Sequence[PositionalAcceptance] = (),
@@ -417,7 +435,9 @@ def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
     price_low, price_high: [kmax + 1] factors <= 1 and >= 1, how far V(k)/V(0) fell and rose over the
     blocks of the timing that priced the rounds (`chain.candidate_answer.price_noise`; none: the timing
     is taken as exact): k_hat* and n-min are then taken over the lengths that pay beyond that (`paying`), and the
-    band spans it (its low end at V(k) price_high[k], its high end at V(k) price_low[k]).
+    band spans it (its low end at V(k) price_high[k], its high end at V(k) price_low[k]). The band of the
+    speedup at each k itself is kept beside (`PositionalAnswer.low_by_k`): the same ends at that k alone,
+    the bootstrap's percentiles taken at that k (plain decoding's speedup is 1 exactly).
     """
     V = check_step_times(V)
     kmax = len(V) - 1
@@ -432,12 +452,15 @@ def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
     shrink, grow = speedup_bounds(delta)
     Vf = [float(v) for v in V]
     a = acceptance.geometric if exact else float(acceptance.geometric)
-    low, high = speedup_band([Vf[0] / v / f for v, f in zip(Vf, price_high or [1] * len(Vf))],
-                             [Vf[0] / v / f for v, f in zip(Vf, price_low or [1] * len(Vf))],
-                             E_low, E_high, prompts, at_k_prompts[:kmax] if at_k else ())
+    low, high, low_k, high_k = speedup_band([Vf[0] / v / f for v, f in zip(Vf, price_high or [1] * len(Vf))],
+                                            [Vf[0] / v / f for v, f in zip(Vf, price_low or [1] * len(Vf))],
+                                            E_low, E_high, prompts, at_k_prompts[:kmax] if at_k else ())
     return PositionalAnswer(
         k_star=k_star, speedup=exact_div(E[k_star] * V[0], V[k_star]),
-        speedup_low=float(low * shrink), speedup_high=float(high * grow), expected=tuple(E),
+        speedup_low=float(low * shrink), speedup_high=float(high * grow),
+        low_by_k=(1.0, *(float(x * shrink) for x in low_k[1:])),
+        high_by_k=(1.0, *(float(x * grow) for x in high_k[1:])),
+        expected=tuple(E),
         geometric=tuple(expected_tokens_positional([a] * kmax, k) for k in range(kmax + 1)),
         step_times=tuple(V), n_min=shortest_paying(r, allowed),
         p_min=draft_probability_floor(V) if kmax else 0,
@@ -446,15 +469,21 @@ def answer(V: Sequence, acceptance: PositionalAcceptance, *, delta=0,
 
 
 def speedup_band(slow: Sequence[float], fast: Sequence[float], E_low: Sequence, E_high: Sequence,
-                 prompts: Sequence[PositionalAcceptance], at_k_prompts: Sequence) -> tuple[float, float]:
-    """`answer`'s band before δ: (max_k E_low(k) slow(k), max_k E_high(k) fast(k)), slow(k) and fast(k)
-    V(0)/V(k) at the price's high and low ends, E at the ends of the alphas' intervals, each widened to
-    the prompt bootstrap's end where >= 2 prompts' counts are kept (`prompt_bootstrap_band` at
-    V(k) = 1/slow(k) and 1/fast(k), one bootstrap where the two agree)."""
-    low, high = (max(float(e) * g for e, g in zip(E, gain)) for E, gain in ((E_low, slow), (E_high, fast)))
+                 prompts: Sequence[PositionalAcceptance], at_k_prompts: Sequence) -> tuple[float, float, list, list]:
+    """`answer`'s bands before δ: (low, high) of the best speedup, (max_k E_low(k) slow(k), max_k E_high(k)
+    fast(k)), and [kmax + 1] low and high ends at each k, E_low(k) slow(k) and E_high(k) fast(k); slow(k)
+    and fast(k) V(0)/V(k) at the price's high and low ends, E at the ends of the alphas' intervals. Each
+    end is widened to the prompt bootstrap's where >= 2 prompts' counts are kept
+    (`prompt_bootstrap_speedups` at V(k) = 1/slow(k) and 1/fast(k), one bootstrap where the two agree)."""
+    low_k = [float(e) * g for e, g in zip(E_low, slow)]
+    high_k = [float(e) * g for e, g in zip(E_high, fast)]
+    low, high = max(low_k), max(high_k)
     if len(prompts) < 2:
-        return low, high
-    boot_low = prompt_bootstrap_band([1 / g for g in slow], prompts, at_k_prompts=at_k_prompts)
-    boot_high = boot_low if list(slow) == list(fast) else \
-        prompt_bootstrap_band([1 / g for g in fast], prompts, at_k_prompts=at_k_prompts)
-    return min(low, boot_low[0]), max(high, boot_high[1])
+        return low, high, low_k, high_k
+    draws_slow = prompt_bootstrap_speedups([1 / g for g in slow], prompts, at_k_prompts=at_k_prompts)
+    draws_fast = draws_slow if list(slow) == list(fast) else \
+        prompt_bootstrap_speedups([1 / g for g in fast], prompts, at_k_prompts=at_k_prompts)
+    (boot_low, _), (_, boot_high) = (percentile_band(d.max(axis=1)) for d in (draws_slow, draws_fast))
+    (col_low, _), (_, col_high) = percentile_band(draws_slow), percentile_band(draws_fast)
+    return (min(low, boot_low), max(high, boot_high), [min(a, float(b)) for a, b in zip(low_k, col_low)],
+            [max(a, float(b)) for a, b in zip(high_k, col_high)])

@@ -41,12 +41,20 @@ def answer_lines(candidates: dict[str, Any], prompts: dict[str, Any] | None = No
         return [f"Your drafts ({names}){where}: decode plainly. No candidate pays on this machine: the best "
                 f"drafting any of them predicts is {ans['best_drafting']:.2f}x plain decoding.", *mine]
     best = next(c for c in candidates["candidates"] if c["name"] == ans["best"])
-    a = best["answer"]
-    high = a["speedup_high"]  # None in JSON where the band is unbounded (δ >= 1: the bounds are vacuous)
-    band = f" (band {a['speedup_low']:.2f}x to {high:.2f}x)" if high is not None and high != float("inf") else \
-        " (no band: the prediction's step-time error bound is vacuous)"
     return [f"Your drafts ({names}){where}: the best is {ans['best']}, at draft length k = {ans['k_star']}, "
-            f"{ans['speedup']:.2f}x plain decoding{band}. Its settings:", *engine_lines(ans["settings"]), *mine]
+            f"{ans['speedup']:.2f}x plain decoding{band_words(best['answer'], ans['k_star'])}. Its settings:",
+            *engine_lines(ans["settings"]), *mine]
+
+
+def band_words(a: dict[str, Any], k: int) -> str:
+    """The band of the speedup at k̂* = k and of the best speedup over every k, from a stored answer."""
+    high = a["speedup_high"]  # None in JSON where the band is unbounded (δ >= 1: the bounds are vacuous)
+    if high is None or high == float("inf"):
+        return " (no band: the prediction's step-time error bound is vacuous)"
+    best = f"{a['speedup_low']:.2f}x to {high:.2f}x"
+    if not a.get("high_by_k"):  # an answer made before the band at each k was kept
+        return f" (band {best})"
+    return f" (at k = {k}: {a['low_by_k'][k]:.2f}x to {a['high_by_k'][k]:.2f}x; the best speedup over every k: {best})"
 
 
 def tie_lines(candidates: dict[str, Any]) -> list[str]:
