@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moespec.costmodel.band import prompt_bootstrap_band
 from moespec.costmodel.positional import (
     PLAINLY,
     PositionalAcceptance,
@@ -19,7 +20,6 @@ from moespec.costmodel.positional import (
     expected_tokens_positional,
     offered_from_rounds,
     paying,
-    prompt_bootstrap_band,
     pooled,
     shortest_paying_draft_positional,
     wilson_interval,
